@@ -1,0 +1,75 @@
+"""The ClientApp: a Flower Message in, one round of local clipped SGD, a Message out.
+
+Thin by design: it reads the node's ``partition-id`` / ``num-partitions`` and the run
+config, and hands the arrays and the round's hyper-parameters to ``train_round``.
+"""
+
+from __future__ import annotations
+
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from simulations.config import RunConfig
+
+from .local_round import cached_task, partitions, pick_device, train_round
+
+app = ClientApp()
+
+
+def node_partition(context: Context, cfg: RunConfig) -> int:
+    """This node's partition id, checked against the run's num-clients."""
+    nc = context.node_config
+    if "partition-id" not in nc:
+        raise ValueError(
+            "node config has no partition-id: start the SuperNode with "
+            f"--node-config \"partition-id=<0..{cfg.num_clients - 1}> num-partitions={cfg.num_clients}\""
+        )
+    pid = nc["partition-id"]
+    if isinstance(pid, bool) or not isinstance(pid, int):
+        raise ValueError(f"partition-id must be an integer, got {pid!r}")
+    num = nc.get("num-partitions", cfg.num_clients)
+    if num != cfg.num_clients:
+        raise ValueError(
+            f"the federation has num-partitions={num} but the run asks for num-clients={cfg.num_clients}: "
+            f"in simulation run with --federation-config \"num-supernodes={cfg.num_clients}\" "
+            f"(or set num-clients={num}); in deployment start {cfg.num_clients} SuperNodes with "
+            f"--node-config \"partition-id=i num-partitions={cfg.num_clients}\""
+        )
+    if not (0 <= pid < cfg.num_clients):
+        raise ValueError(f"partition-id must be in [0, {cfg.num_clients - 1}], got {pid}")
+    return pid
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    cfg = RunConfig.from_mapping(dict(context.run_config))
+    pid = node_partition(context, cfg)
+    config = msg.content["config"]
+    state = msg.content["arrays"].to_torch_state_dict()
+    new_state, metrics = train_round(cfg, pid, int(config["server-round"]), state, dict(config))
+    metrics["partition-id"] = pid
+    content = RecordDict({"arrays": ArrayRecord(new_state), "metrics": MetricRecord(metrics)})
+    return Message(content=content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Loss and accuracy of the received model on this client's own partition."""
+    cfg = RunConfig.from_mapping(dict(context.run_config))
+    pid = node_partition(context, cfg)
+    task = cached_task(cfg)
+    device = pick_device(cfg.device)
+    model = task.build_model().to(device)
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    idx = partitions(cfg)[pid]
+    metrics = task.evaluate_indices(model, device, idx)
+    metrics["num-examples"] = len(idx)
+    return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Report this node's partition settings, so the server can check the federation."""
+    nc = context.node_config
+    info = {k: nc[k] for k in ("partition-id", "num-partitions") if isinstance(nc.get(k), int)}
+    return Message(content=RecordDict({"node": MetricRecord(info)}), reply_to=msg)

@@ -1,0 +1,70 @@
+"""One client's work in one round, without Flower: load state, train I steps, return state.
+
+Shared by the ClientApp and by the tests that check the Flower path against a plain loop.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+
+from simulations.config import RunConfig
+from simulations.partition import partition as make_partition
+from tasks import load_task
+
+from .update import StepConfig, local_update
+
+
+def pick_device(name: str) -> torch.device:
+    """auto: the (first visible) GPU when CUDA is present, else the CPU."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device is 'cuda' but CUDA is not available here; use device=\"auto\" or \"cpu\"")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+@lru_cache(maxsize=4)
+def cached_task(cfg: RunConfig) -> Any:
+    return load_task(cfg)
+
+
+@lru_cache(maxsize=4)
+def partitions(cfg: RunConfig) -> tuple[np.ndarray, ...]:
+    """All clients' index sets, from (seed, num-clients, partitioner) alone."""
+    task = cached_task(cfg)
+    parts = make_partition(task.labels, cfg.num_clients, cfg.partitioner, cfg.seed,
+                           similarity=cfg.similarity, alpha=cfg.dirichlet_alpha)
+    return tuple(parts)
+
+
+def train_round(
+    cfg: RunConfig,
+    partition_id: int,
+    server_round: int,
+    state: dict[str, torch.Tensor],
+    hparams: dict[str, Any],
+) -> tuple[dict[str, torch.Tensor], dict[str, float | int]]:
+    """Run one round of local clipped SGD for client ``partition_id`` from ``state``.
+
+    ``hparams`` are the round's values sent by the strategy (``local-steps``, ``lr``,
+    ``clip``, ``weight-decay``, ``momentum``, ``batch-size``).
+    """
+    if not (0 <= partition_id < cfg.num_clients):
+        raise ValueError(f"partition-id must be in [0, {cfg.num_clients - 1}] (num-clients = {cfg.num_clients}), got {partition_id}")
+    device = pick_device(cfg.device)
+    task = cached_task(cfg)
+    model = task.build_model().to(device)
+    model.load_state_dict(state)
+    step = StepConfig(lr=float(hparams["lr"]), clip=float(hparams["clip"]),
+                      weight_decay=float(hparams["weight-decay"]), momentum=float(hparams["momentum"]))
+    batches = task.round_batches(
+        partitions(cfg)[partition_id], seed=cfg.seed, partition_id=partition_id, server_round=server_round,
+        local_steps=int(hparams["local-steps"]), batch_size=int(hparams["batch-size"]), device=device,
+    )
+    metrics = local_update(model, batches, task.loss, step)
+    new_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    return new_state, metrics

@@ -1,0 +1,1 @@
+"""Server side: the ServerApp (``server.app``), results and checkpoints."""

@@ -1,0 +1,82 @@
+"""Results of a run: one JSON-lines file (config + version header, a row per round) and
+the final weights, saved so they load without unpickling arbitrary objects."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PACKAGE = "celgc"
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in (PACKAGE, "flwr"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no inf/nan: write them as strings so every line stays valid JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+class ResultsWriter:
+    """Appends one JSON object per line to ``<folder>/results.jsonl`` and flushes it."""
+
+    def __init__(self, folder: str | Path, config: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.path = self.folder / "results.jsonl"
+        header = {"kind": "header", "config": config, "versions": versions(),
+                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **(extra or {})}
+        with self.path.open("w") as f:
+            f.write(json.dumps({k: _clean(v) for k, v in header.items()}) + "\n")
+
+    def row(self, values: dict[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"kind": "round", **{k: _clean(v) for k, v in values.items()}}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def read_results(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(header, round rows) of a results file."""
+    header: dict[str, Any] = {}
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        obj = json.loads(line)
+        if obj.get("kind") == "header":
+            header = obj
+        else:
+            rows.append(obj)
+    return header, rows
+
+
+def save_weights(state: dict[str, torch.Tensor], path: str | Path) -> Path:
+    """Write a state dict atomically (temp file + rename)."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save({k: v.detach().cpu() for k, v in state.items()}, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """Load weights with ``weights_only=True``: tensors and plain containers only."""
+    return torch.load(Path(path), map_location="cpu", weights_only=True)

@@ -1,0 +1,1 @@
+"""Partitioners, experiment configs, the fast engine and run recipes."""

@@ -1,0 +1,189 @@
+"""The one configuration object: TOML run-config keys -> a frozen, validated ``RunConfig``.
+
+The same hyphenated keys drive ``flwr run`` (``[tool.flwr.app.config]`` in pyproject.toml,
+``--run-config`` overrides), a deployment, and the fast engine. The run config is parsed
+once, at the edge (ServerApp, ClientApp, engine CLI); every error names the key, the value
+and the allowed range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TASKS = ("digits", "cifar10", "ptb", "wikitext2")
+ALGORITHMS = ("celgc", "local-sgd", "naive")
+PARTITIONERS = ("homogeneous", "similarity", "dirichlet")
+AGGREGATIONS = ("uniform", "examples")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _key(name: str, doc: str, **kw: Any) -> Any:
+    """A config field with its TOML key and one-line meaning (shown in the README)."""
+    return field(metadata={"key": name, "doc": doc}, **kw)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every setting of a run. Build with ``RunConfig.from_mapping`` (validates)."""
+
+    task: str = _key("task", "data set + model: digits (offline default), cifar10, ptb, wikitext2", default="digits")
+    algorithm: str = _key("algorithm", "celgc, local-sgd (celgc with clip off) or naive (parallel clipping, 1 step a round)", default="celgc")
+    num_clients: int = _key("num-clients", "N, clients training every round", default=8)
+    num_rounds: int = _key("num-rounds", "communication rounds", default=20)
+    local_steps: int = _key("local-steps", "I, local steps between averagings", default=8)
+    batch_size: int = _key("batch-size", "minibatch size per client and step", default=32)
+    lr: float = _key("lr", "eta, learning rate", default=0.3)
+    clip: float = _key("clip", "gamma, clipping threshold; \"off\" or \"inf\" disables clipping", default=0.3)
+    weight_decay: float = _key("weight-decay", "lambda, L2 weight decay", default=0.0)
+    momentum: float = _key("momentum", "mu, heavy-ball momentum as torch.optim.SGD (0 in the paper)", default=0.0)
+    lr_decay: float = _key("lr-decay", "factor applied to lr AND clip at each milestone", default=0.1)
+    lr_milestones: tuple[float, ...] = _key("lr-milestones", "global epochs of the decays, comma separated (\"80,120\")", default=())
+    aggregation: str = _key("aggregation", "uniform (the paper) or examples (weighted by examples)", default="uniform")
+    partitioner: str = _key("partitioner", "homogeneous, similarity or dirichlet", default="homogeneous")
+    similarity: float = _key("similarity", "s in [0, 100]: % of each class dealt i.i.d. (similarity partitioner)", default=0.0)
+    dirichlet_alpha: float = _key("dirichlet-alpha", "alpha > 0 of the Dirichlet label skew", default=0.5)
+    seed: int = _key("seed", "seed of model init, partitions and minibatches", default=0)
+    data_dir: str = _key("data-dir", "where data sets live (cifar10, ptb, wikitext2)", default="data")
+    download: bool = _key("download", "allow downloading a data set that is missing", default=False)
+    results_dir: str = _key("results-dir", "folder for results (relative: to the server's working directory)", default="results")
+    run_name: str = _key("run-name", "results sub-folder; empty: <task>-<algorithm>-I<local-steps>-<time>", default="")
+    device: str = _key("device", "auto (CUDA when present), cpu or cuda", default="auto")
+    eval_every: int = _key("eval-every", "central evaluation every k rounds (and after the last)", default=1)
+    node_wait: float = _key("node-wait", "seconds the server waits for num-clients nodes to connect", default=120.0)
+    round_timeout: float = _key("round-timeout", "seconds the server waits for replies in a round", default=600.0)
+    min_replies: int = _key("min-replies", "sound replies a round needs, else the run fails; 0: all num-clients", default=0)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    # --- construction ---------------------------------------------------------------
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any]) -> RunConfig:
+        """Parse run-config keys (hyphenated, as in TOML); unknown keys are errors."""
+        fields = {f.metadata["key"]: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise ValueError(f"unknown config key(s) {unknown}; known keys: {', '.join(fields)}")
+        kwargs = {fields[k].name: _coerce(k, fields[k].type, v) for k, v in values.items()}
+        return cls(**kwargs)
+
+    @classmethod
+    def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+        """Read ``[tool.flwr.app.config]`` of a pyproject.toml (or a flat override file)."""
+        data = tomllib.loads(Path(path).read_text())
+        values = data.get("tool", {}).get("flwr", {}).get("app", {}).get("config", data)
+        return cls.from_mapping({**values, **(overrides or {})})
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The config as run-config keys and TOML-friendly values (logged with results)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "lr_milestones":
+                value = ",".join(f"{m:g}" for m in value)
+            elif f.name == "clip" and math.isinf(value):
+                value = "off"
+            out[f.metadata["key"]] = value
+        return out
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def required_replies(self) -> int:
+        return self.min_replies or self.num_clients
+
+    @property
+    def clipping(self) -> bool:
+        return not math.isinf(self.clip)
+
+
+def config_keys() -> list[tuple[str, Any, str]]:
+    """(key, default, meaning) of every setting, in order."""
+    defaults = RunConfig().to_mapping()
+    return [(f.metadata["key"], defaults[f.metadata["key"]], f.metadata["doc"]) for f in dataclasses.fields(RunConfig)]
+
+
+def _coerce(key: str, typ: Any, value: Any) -> Any:
+    typ = str(typ)
+    if typ == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ValueError(f"{key} must be true or false, got {value!r}")
+    if typ == "int":
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError(f"{key} must be an integer, got {value!r}")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"{key} must be an integer, got {value!r}") from None
+        if not number.is_integer():
+            raise ValueError(f"{key} must be an integer, got {value!r}")
+        return int(number)
+    if typ == "float":
+        if key == "clip" and isinstance(value, str) and value.strip().lower() in ("off", "inf", "none"):
+            return math.inf
+        if isinstance(value, bool):
+            raise ValueError(f"{key} must be a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{key} must be a number, got {value!r}") from None
+    if typ == "tuple[float, ...]":
+        parts = value if isinstance(value, (list, tuple)) else str(value).replace(";", ",").split(",")
+        try:
+            return tuple(float(p) for p in parts if str(p).strip())
+        except ValueError:
+            raise ValueError(f"{key} must be comma-separated numbers like \"80,120\", got {value!r}") from None
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be a string, got {value!r}")
+    return value
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _validate(c: RunConfig) -> None:
+    def one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
+        _check(value in allowed, f"{key} must be one of {', '.join(allowed)}, got {value!r}")
+
+    def at_least(key: str, value: int, low: int) -> None:
+        _check(isinstance(value, int) and value >= low, f"{key} must be an integer >= {low}, got {value!r}")
+
+    one_of("task", c.task, TASKS)
+    one_of("algorithm", c.algorithm, ALGORITHMS)
+    one_of("partitioner", c.partitioner, PARTITIONERS)
+    one_of("aggregation", c.aggregation, AGGREGATIONS)
+    one_of("device", c.device, DEVICES)
+    at_least("num-clients", c.num_clients, 1)
+    at_least("num-rounds", c.num_rounds, 1)
+    at_least("local-steps", c.local_steps, 1)
+    at_least("batch-size", c.batch_size, 1)
+    at_least("eval-every", c.eval_every, 1)
+    at_least("seed", c.seed, 0)
+    at_least("min-replies", c.min_replies, 0)
+    _check(c.min_replies <= c.num_clients, f"min-replies ({c.min_replies}) must be <= num-clients ({c.num_clients})")
+    _check(math.isfinite(c.lr) and c.lr > 0, f"lr must be a finite number > 0, got {c.lr}")
+    _check(c.clip > 0, f"clip must be > 0, or \"off\" to disable clipping, got {c.clip}")
+    _check(math.isfinite(c.weight_decay) and c.weight_decay >= 0, f"weight-decay must be >= 0, got {c.weight_decay}")
+    _check(0 <= c.momentum < 1, f"momentum must be in [0, 1), got {c.momentum}")
+    _check(0 < c.lr_decay <= 1, f"lr-decay must be in (0, 1], got {c.lr_decay}")
+    _check(all(math.isfinite(m) and m > 0 for m in c.lr_milestones), f"lr-milestones must be global epochs > 0, got {c.lr_milestones}")
+    _check(list(c.lr_milestones) == sorted(c.lr_milestones), f"lr-milestones must be increasing, got {c.lr_milestones}")
+    _check(0 <= c.similarity <= 100, f"similarity must be in [0, 100], got {c.similarity}")
+    _check(math.isfinite(c.dirichlet_alpha) and c.dirichlet_alpha > 0, f"dirichlet-alpha must be > 0, got {c.dirichlet_alpha}")
+    _check(c.node_wait > 0, f"node-wait must be > 0 seconds, got {c.node_wait}")
+    _check(c.round_timeout > 0, f"round-timeout must be > 0 seconds, got {c.round_timeout}")
+    if c.algorithm == "naive":
+        _check(c.local_steps == 1, f"local-steps must be 1 for algorithm 'naive' (one step a round), got {c.local_steps}")
+    if c.algorithm == "local-sgd":
+        _check(math.isinf(c.clip), f"clip must be \"off\" for algorithm 'local-sgd', got {c.clip}")

@@ -1,0 +1,88 @@
+"""Parameter averaging, pure PyTorch: the server side of CELGC (no flwr import).
+
+x_bar <- sum_i w_i x_i with w_i = 1/N (uniform, as in the paper) or n_i / sum n (weighted
+by examples). Floating-point tensors (parameters and BatchNorm statistics) are averaged
+with fp64 accumulation and cast back to their dtype; integer tensors (BatchNorm's
+``num_batches_tracked``) are averaged and rounded to the nearest integer, keeping their
+dtype. Averaging is sum-then-finalise so a distributed backend can sum locally, all-reduce
+the sums and finalise once (``weighted_sum`` + ``finalize``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+AGGREGATIONS = ("uniform", "examples")
+
+
+def client_weights(num_examples: Sequence[int], aggregation: str) -> list[float]:
+    """Normalised averaging weights for the replies of one round."""
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}")
+    if not num_examples:
+        raise ValueError("no client results to average")
+    if aggregation == "uniform":
+        return [1.0 / len(num_examples)] * len(num_examples)
+    total = float(sum(num_examples))
+    if total <= 0 or any(n < 0 for n in num_examples):
+        raise ValueError(f"num-examples must be >= 0 with a positive sum, got {list(num_examples)}")
+    return [n / total for n in num_examples]
+
+
+def weighted_sum(states: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
+    """sum_i w_i * state_i per key, in float64."""
+    if len(states) != len(weights):
+        raise ValueError(f"{len(states)} states but {len(weights)} weights")
+    out: dict[str, Tensor] = {}
+    for state, w in zip(states, weights, strict=True):
+        for key, value in state.items():
+            term = value.detach().to(torch.float64) * w
+            out[key] = term if key not in out else out[key] + term
+    return out
+
+
+def finalize(summed: Mapping[str, Tensor], like: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Cast a float64 weighted sum back to each tensor's dtype (integers rounded)."""
+    out = {}
+    for key, ref in like.items():
+        value = summed[key]
+        if ref.dtype.is_floating_point or ref.dtype.is_complex:
+            out[key] = value.to(ref.dtype)
+        else:
+            out[key] = value.round().to(ref.dtype)
+    return out
+
+
+def average_states(
+    states: Sequence[Mapping[str, Tensor]], weights: Sequence[float]
+) -> dict[str, Tensor]:
+    """The weighted average of client states (weights already normalised)."""
+    if not states:
+        raise ValueError("no client results to average")
+    return finalize(weighted_sum(states, weights), states[0])
+
+
+def check_state(state: Mapping[str, Tensor], reference: Mapping[str, Tensor]) -> str | None:
+    """Why a client's returned state must not be averaged in, or None if it is sound."""
+    if set(state) != set(reference):
+        missing = sorted(set(reference) - set(state))
+        extra = sorted(set(state) - set(reference))
+        return f"keys differ from the global model (missing {missing}, unexpected {extra})"
+    for key, ref in reference.items():
+        value = state[key]
+        if tuple(value.shape) != tuple(ref.shape):
+            return f"{key} has shape {tuple(value.shape)}, expected {tuple(ref.shape)}"
+        if value.dtype != ref.dtype:
+            return f"{key} has dtype {value.dtype}, expected {ref.dtype}"
+        if value.dtype.is_floating_point and not bool(torch.isfinite(value).all()):
+            return f"{key} holds non-finite values"
+    return None
+
+
+def state_nbytes(state: Mapping[str, Tensor]) -> int:
+    """Bytes of a state's tensors (what one transfer of the model costs)."""
+    return sum(v.numel() * v.element_size() for v in state.values())
+
