@@ -176,10 +176,7 @@ def _toml_value(key: str, value: Any) -> str:
         if '"' not in value:
             return json.dumps(value)  # TOML basic string (JSON escapes are valid TOML)
         raise ValueError(f"override {key!r}: a string with both ' and \" is not supported")
-    raise TypeError(
-        f"override {key!r}: unsupported type {type(value).__name__} "
-        "(use bool, int, float or str)"
-    )
+    raise TypeError(f"override {key!r}: unsupported type {type(value).__name__} (use bool, int, float or str)")
 
 
 def format_overrides(config: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
@@ -210,7 +207,7 @@ def _parse_json_output(stdout: str) -> Any:
     decoder = json.JSONDecoder()
     for match in re.finditer(r"(?m)^\{", text):  # first top-level object that parses
         try:
-            obj, _ = decoder.raw_decode(text[match.start():])
+            obj, _ = decoder.raw_decode(text[match.start() :])
             return obj
         except json.JSONDecodeError:
             continue
@@ -224,7 +221,7 @@ def _proc_stat(pid: int) -> tuple[str, int, int] | None:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    rest = raw[raw.rfind(")") + 2:].split()
+    rest = raw[raw.rfind(")") + 2 :].split()
     try:
         return rest[0], int(rest[1]), int(rest[19])
     except (IndexError, ValueError):
@@ -297,12 +294,10 @@ def _alive(pids: Mapping[int, int]) -> dict[int, int]:
 
 
 # ---------------------------------------------------------------------- SuperLink handles
-def _write_flower_config(home: Path, name: str, address: str, insecure: bool,
-                         root_certificates: str | None) -> Path:
+def _write_flower_config(home: Path, name: str, address: str, insecure: bool, root_certificates: str | None) -> Path:
     if not _CONN_RE.match(name):
         raise ValueError(f"invalid connection name {name!r} (letters, digits, - and _)")
-    lines = ["[superlink]", f'default = "{name}"', "", f"[superlink.{name}]",
-             f"address = {json.dumps(address)}"]
+    lines = ["[superlink]", f'default = "{name}"', "", f"[superlink.{name}]", f"address = {json.dumps(address)}"]
     if root_certificates:
         lines.append(f"root-certificates = {json.dumps(str(root_certificates))}")
     lines.append(f"insecure = {'true' if insecure else 'false'}")
@@ -334,16 +329,23 @@ class ExistingSuperLink:
     ``flwr_home`` is given) so the ``flwr`` commands here can address it by name.
     """
 
-    def __init__(self, address: str, *, insecure: bool = True,
-                 root_certificates: str | os.PathLike[str] | None = None,
-                 connection: str = "target", flwr_home: str | os.PathLike[str] | None = None):
+    def __init__(
+        self,
+        address: str,
+        *,
+        insecure: bool = True,
+        root_certificates: str | os.PathLike[str] | None = None,
+        connection: str = "target",
+        flwr_home: str | os.PathLike[str] | None = None,
+    ):
         self._own_home = flwr_home is None
         self.home = Path(flwr_home) if flwr_home else Path(tempfile.mkdtemp(prefix="flwr-home-"))
         self.home.mkdir(parents=True, exist_ok=True)
         self.address = address
         self.connection = connection
-        _write_flower_config(self.home, connection, address, insecure,
-                             str(root_certificates) if root_certificates else None)
+        _write_flower_config(
+            self.home, connection, address, insecure, str(root_certificates) if root_certificates else None
+        )
         self.env = _base_env(self.home)
 
     @property
@@ -377,7 +379,7 @@ class LocalSuperLink:
     (SIGTERM, then SIGKILL after ``shutdown_timeout``), including detached children.
     """
 
-    def __init__(  # noqa: PLR0913
+    def __init__(
         self,
         *,
         simulation: bool = True,
@@ -439,11 +441,16 @@ class LocalSuperLink:
         if self.simulation:
             cmd.append("--simulation")
         cmd += [
-            "--isolation", self.isolation,
-            "--host", self.host,
-            "--port", str(self.port),
-            "--database", self.database,
-            "--log-file", str(self.log_file),
+            "--isolation",
+            self.isolation,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--database",
+            self.database,
+            "--log-file",
+            str(self.log_file),
             "--disable-runtime-dependency-installation",
             *self.extra_args,
         ]
@@ -469,7 +476,7 @@ class LocalSuperLink:
     def _start_once(self) -> None:
         server_env = dict(self.env)
         server_env[_TAG_VAR] = self.tag
-        self._out_fh = open(self.output_file, "ab")  # noqa: SIM115
+        self._out_fh = open(self.output_file, "ab")
         self.process = subprocess.Popen(
             self.command(),
             cwd=self.cwd_for_server,
@@ -484,19 +491,17 @@ class LocalSuperLink:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise SuperLinkStartError(
-                    f"flower-superlink exited with code {self.process.returncode}:\n"
-                    + self.output_tail()
+                    f"flower-superlink exited with code {self.process.returncode}:\n" + self.output_tail()
                 )
             try:
-                with urllib.request.urlopen(url, timeout=1.0) as resp:  # noqa: S310
+                with urllib.request.urlopen(url, timeout=1.0) as resp:
                     if 200 <= resp.status < 300:
                         return
             except (urllib.error.URLError, OSError, ValueError):
                 pass
             time.sleep(0.2)
         raise SuperLinkStartError(
-            f"flower-superlink not healthy at {url} after {self.startup_timeout:.0f}s:\n"
-            + self.output_tail()
+            f"flower-superlink not healthy at {url} after {self.startup_timeout:.0f}s:\n" + self.output_tail()
         )
 
     def is_running(self) -> bool:
@@ -565,7 +570,7 @@ class LocalSuperLink:
         try:
             if self.process is not None and self.process.poll() is None:
                 self._terminate()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
 
@@ -573,13 +578,17 @@ SuperLinkLike = LocalSuperLink | ExistingSuperLink
 
 
 # ----------------------------------------------------------------------- CLI wrappers
-def _run_cli(args: Sequence[str], superlink: SuperLinkLike, timeout: float
-             ) -> tuple[int, str, str]:
+def _run_cli(args: Sequence[str], superlink: SuperLinkLike, timeout: float) -> tuple[int, str, str]:
     """Run ``flwr ARGS`` bounded by ``timeout``; (returncode, stdout, stderr)."""
     cmd = [_exe("flwr"), *args]
     proc = subprocess.Popen(
-        cmd, cwd=superlink.cwd, env=superlink.env, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        cmd,
+        cwd=superlink.cwd,
+        env=superlink.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
     )
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -589,14 +598,13 @@ def _run_cli(args: Sequence[str], superlink: SuperLinkLike, timeout: float
         except (ProcessLookupError, PermissionError):
             pass
         out, err = proc.communicate(timeout=10)
-        raise FlowerCliError(cmd, f"timed out after {timeout:.0f}s",
-                             out.decode(errors="replace"), err.decode(errors="replace")
-                             ) from None
+        raise FlowerCliError(
+            cmd, f"timed out after {timeout:.0f}s", out.decode(errors="replace"), err.decode(errors="replace")
+        ) from None
     return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 
-def flwr_json(args: Sequence[str], superlink: SuperLinkLike, timeout: float = 60.0
-              ) -> dict[str, Any]:
+def flwr_json(args: Sequence[str], superlink: SuperLinkLike, timeout: float = 60.0) -> dict[str, Any]:
     """Run ``flwr ARGS --format json``; the parsed object, or FlowerCliError."""
     argv = [*args, "--format", "json"]
     code, out, err = _run_cli(argv, superlink, timeout)
@@ -604,8 +612,7 @@ def flwr_json(args: Sequence[str], superlink: SuperLinkLike, timeout: float = 60
     try:
         data = _parse_json_output(out)
     except ValueError:
-        raise FlowerCliError(cmd, f"exit {code}, no JSON output:\n{_tail(out + err, 30)}",
-                             out, err) from None
+        raise FlowerCliError(cmd, f"exit {code}, no JSON output:\n{_tail(out + err, 30)}", out, err) from None
     if not isinstance(data, dict) or not data.get("success", False):
         msg = data.get("error-message", data) if isinstance(data, dict) else data
         raise FlowerCliError(cmd, strip_ansi(str(msg)), out, err)
@@ -647,8 +654,7 @@ def run_status(run_id: int, superlink: SuperLinkLike, timeout: float = 60.0) -> 
     """The run's dict from ``flwr ls --run-id ID --format json`` (keys: ``run-id``,
     ``status``, ``status-details``, ``elapsed``, ``pending-at`` ... ``finished-at``,
     ``network-traffic``, ``compute-time``, ``fab-id``, ``fab-hash``, ...)."""
-    data = flwr_json(["ls", superlink.connection, "--run-id", str(int(run_id))],
-                     superlink, timeout)
+    data = flwr_json(["ls", superlink.connection, "--run-id", str(int(run_id))], superlink, timeout)
     runs = data.get("runs") or []
     for run in runs:
         if str(run.get("run-id")) == str(int(run_id)):
@@ -660,8 +666,7 @@ def is_finished(status: str) -> bool:
     return status.split(":", 1)[0] == _FINISHED
 
 
-def wait_for_run(run_id: int, superlink: SuperLinkLike, timeout: float,
-                 poll_interval: float = 2.0) -> dict[str, Any]:
+def wait_for_run(run_id: int, superlink: SuperLinkLike, timeout: float, poll_interval: float = 2.0) -> dict[str, Any]:
     """Poll until the run's status is ``finished:*``; its dict. RunTimeout past timeout.
 
     A LocalSuperLink that died is reported at once (RunFailed, status ``superlink-died``).
@@ -673,8 +678,7 @@ def wait_for_run(run_id: int, superlink: SuperLinkLike, timeout: float,
             raise RunFailed(run_id, "superlink-died", superlink.output_tail())
         left = deadline - time.monotonic()
         if left <= 0:
-            raise RunTimeout(run_id, str(last.get("status")),
-                             details=f"not finished after {timeout:.0f}s")
+            raise RunTimeout(run_id, str(last.get("status")), details=f"not finished after {timeout:.0f}s")
         try:
             last = run_status(run_id, superlink, timeout=max(5.0, min(60.0, left)))
         except FlowerCliError:
@@ -735,15 +739,20 @@ def run_app(
     """
     if superlink is None:
         with LocalSuperLink(**dict(superlink_kwargs or {})) as own:
-            return run_app(app_dir, run_config, federation_config, timeout,
-                           superlink=own, poll_interval=poll_interval,
-                           log_tail_lines=log_tail_lines, fetch_log=fetch_log)
+            return run_app(
+                app_dir,
+                run_config,
+                federation_config,
+                timeout,
+                superlink=own,
+                poll_interval=poll_interval,
+                log_tail_lines=log_tail_lines,
+                fetch_log=fetch_log,
+            )
     deadline = time.monotonic() + timeout
-    run_id = submit_run(app_dir, superlink, run_config, federation_config,
-                        timeout=min(120.0, timeout))
+    run_id = submit_run(app_dir, superlink, run_config, federation_config, timeout=min(120.0, timeout))
     try:
-        run = wait_for_run(run_id, superlink, max(1.0, deadline - time.monotonic()),
-                           poll_interval=poll_interval)
+        run = wait_for_run(run_id, superlink, max(1.0, deadline - time.monotonic()), poll_interval=poll_interval)
     except RunTimeout as exc:
         stop_run(run_id, superlink, timeout=30.0)
         logs = fetch_logs(run_id, superlink, timeout=15.0)
@@ -752,8 +761,7 @@ def run_app(
     run["logs"] = logs
     status = str(run.get("status"))
     if status != STATUS_COMPLETED:
-        raise RunFailed(run_id, status, _tail(logs, log_tail_lines),
-                        str(run.get("status-details", "")))
+        raise RunFailed(run_id, status, _tail(logs, log_tail_lines), str(run.get("status-details", "")))
     return run
 
 
@@ -764,21 +772,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Run a Flower App on a throw-away local SuperLink and report its status.",
     )
     parser.add_argument("app_dir")
-    parser.add_argument("--run-config", "-c", action="append", default=[],
-                        help="TOML 'k=v' overrides (repeatable), e.g. \"lr=0.1 task='digits'\"")
-    parser.add_argument("--federation-config", action="append", default=[],
-                        help="e.g. 'num-supernodes=8 client-resources-num-cpus=1'")
+    parser.add_argument(
+        "--run-config",
+        "-c",
+        action="append",
+        default=[],
+        help="TOML 'k=v' overrides (repeatable), e.g. \"lr=0.1 task='digits'\"",
+    )
+    parser.add_argument(
+        "--federation-config", action="append", default=[], help="e.g. 'num-supernodes=8 client-resources-num-cpus=1'"
+    )
     parser.add_argument("--timeout", type=float, default=3600.0)
     parser.add_argument("--address", help="use this running SuperLink (host:port) instead")
-    parser.add_argument("--deployment", action="store_true",
-                        help="start the local SuperLink without --simulation")
+    parser.add_argument("--deployment", action="store_true", help="start the local SuperLink without --simulation")
     parser.add_argument("--keep-home", action="store_true", help="keep FLWR_HOME (logs)")
     parser.add_argument("--quiet", action="store_true", help="do not print the run log")
     ns = parser.parse_args(argv)
 
     def go(sl: SuperLinkLike) -> dict[str, Any]:
-        return run_app(ns.app_dir, ns.run_config or None, ns.federation_config or None,
-                       ns.timeout, superlink=sl)
+        return run_app(ns.app_dir, ns.run_config or None, ns.federation_config or None, ns.timeout, superlink=sl)
 
     try:
         if ns.address:

@@ -77,11 +77,18 @@ def _reconstruct_function():
     return np.zeros(1).__reduce__()[0]
 
 
+def _frombuffer_function():
+    """NumPy's protocol-5 array-unpickling helper (arrays pickled by Python 3.8+ defaults)."""
+    return np.zeros(1).__reduce_ex__(5)[0]
+
+
 # Globals a CIFAR batch pickle may name. The files were written by Python 2 with NumPy 1
 # (``numpy.core.multiarray``); a NumPy 2 writer names ``numpy._core.multiarray``.
 _ALLOWED_GLOBALS = {
     ("numpy.core.multiarray", "_reconstruct"): _reconstruct_function(),
     ("numpy._core.multiarray", "_reconstruct"): _reconstruct_function(),
+    ("numpy.core.numeric", "_frombuffer"): _frombuffer_function(),
+    ("numpy._core.numeric", "_frombuffer"): _frombuffer_function(),
     ("numpy", "ndarray"): np.ndarray,
     ("numpy", "dtype"): np.dtype,
     # Python 3 writers at protocol <= 2 store bytes as _codecs.encode(str, "latin1").
