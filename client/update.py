@@ -19,77 +19,17 @@ engine. ``local_update`` drives an ``nn.Module`` through I steps. Nothing here c
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+# The pure step lives in strategies.clipped_sgd (the naive server applies it too); the
+# names stay importable from here.
+from strategies.clipped_sgd import StepConfig, clipped_sgd_step, grad_norm, step_size
 
-@dataclass(frozen=True)
-class StepConfig:
-    """Hyper-parameters of one round of local steps (already scheduled by the server)."""
-
-    lr: float
-    clip: float = math.inf
-    weight_decay: float = 0.0
-    momentum: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
-        if not self.clip > 0:  # also rejects NaN
-            raise ValueError(f"clip must be > 0 (or inf for no clipping), got {self.clip}")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise ValueError(f"weight-decay must be >= 0, got {self.weight_decay}")
-        if not (0 <= self.momentum < 1):
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
-
-
-def grad_norm(grads: list[Tensor]) -> Tensor:
-    """One global L2 norm over all gradient tensors (fp32 accumulation)."""
-    if not grads:
-        raise ValueError("grads is empty: the model has no trainable parameters")
-    squares = torch.stack([g.float().square().sum() for g in grads])
-    return squares.sum().sqrt()
-
-
-def step_size(norm: Tensor, lr: float | Tensor, clip: float | Tensor) -> Tensor:
-    """min(lr, clip / norm); 0 where the norm is not finite (the step is skipped)."""
-    size = torch.minimum(torch.as_tensor(lr, dtype=norm.dtype, device=norm.device), clip / norm)
-    return torch.where(torch.isfinite(norm), size, torch.zeros_like(size))
-
-
-def clipped_sgd_step(
-    params: list[Tensor],
-    grads: list[Tensor],
-    bufs: list[Tensor] | None,
-    cfg: StepConfig,
-    lr_scale: float | Tensor = 1.0,
-) -> tuple[list[Tensor], list[Tensor] | None, dict[str, Tensor]]:
-    """One clipped-SGD step; returns (new_params, new_bufs, stats) without mutating inputs.
-
-    ``lr_scale`` multiplies both lr and clip (the AWD-LSTM sequence-length scaling keeps
-    clip / lr fixed, as the paper's schedule does). ``bufs`` is None when momentum is 0.
-    ``stats``: ``grad-norm``, ``clipped`` (1.0 if clip / |g| < lr), ``skipped`` (1.0 if
-    the norm was not finite), all 0-dim tensors.
-    """
-    norm = grad_norm(grads)
-    lr = cfg.lr * lr_scale
-    clip = cfg.clip * lr_scale
-    finite = torch.isfinite(norm)
-    size = step_size(norm, lr, clip)
-    clipped = (finite & (clip / norm < lr)).float()
-    new_params, new_bufs = [], [] if bufs is not None else None
-    for i, (x, g) in enumerate(zip(params, grads, strict=True)):
-        d = g if cfg.weight_decay == 0 else g + cfg.weight_decay * x
-        if bufs is not None:
-            d = torch.where(finite, cfg.momentum * bufs[i] + d, bufs[i])
-            new_bufs.append(d)
-        new_params.append(torch.where(finite, x - size.to(x.dtype) * d, x))
-    stats = {"grad-norm": norm, "clipped": clipped, "skipped": (~finite).float()}
-    return new_params, new_bufs, stats
+__all__ = ["LossFn", "RoundStats", "StepConfig", "clipped_sgd_step", "grad_norm", "local_update", "step_size"]
 
 
 @dataclass

@@ -173,7 +173,8 @@ class AWDLSTM(nn.Module):
         super().__init__()
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-        for name, p in (("dropout", dropout), ("dropout_h", dropout_h), ("dropout_i", dropout_i), ("dropout_e", dropout_e)):
+        rates = {"dropout": dropout, "dropout_h": dropout_h, "dropout_i": dropout_i, "dropout_e": dropout_e}
+        for name, p in rates.items():
             if not 0.0 <= p < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {p}")
         self.vocab_size = vocab_size

@@ -65,7 +65,7 @@ CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 #: A black pixel after ``normalize``: the ``fill`` that makes ``random_crop_flip`` on
 #: normalised images pad exactly like padding the raw image with zeros.
-CIFAR10_BLACK = tuple(-m / s for m, s in zip(CIFAR10_MEAN, CIFAR10_STD))
+CIFAR10_BLACK = tuple(-m / s for m, s in zip(CIFAR10_MEAN, CIFAR10_STD, strict=True))
 
 _IMAGE_SIZE = 32
 _PIXELS = 3 * _IMAGE_SIZE * _IMAGE_SIZE
@@ -227,7 +227,7 @@ def normalize(
 ) -> Tensor:
     """``uint8`` [..., 32, 32, 3] (HWC) -> float32 [..., 3, 32, 32], scaled to [0, 1] and
     standardised per channel. With ``channels_last`` the result keeps NHWC strides."""
-    x = images.to(torch.float32).div_(255.0)
+    x = images.to(torch.float32) / 255.0
     m = torch.tensor(mean, dtype=x.dtype, device=x.device)
     s = torch.tensor(std, dtype=x.dtype, device=x.device)
     x = ((x - m) / s).movedim(-1, -3)

@@ -85,7 +85,9 @@ class ClassificationTask:
         return self._evaluate(model, device, self.train_x[t], self.train_y[t], "eval")
 
     @torch.no_grad()
-    def _evaluate(self, model: nn.Module, device: torch.device, x_all: Tensor, y_all: Tensor, prefix: str) -> dict[str, float]:
+    def _evaluate(
+        self, model: nn.Module, device: torch.device, x_all: Tensor, y_all: Tensor, prefix: str
+    ) -> dict[str, float]:
         model.eval()
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         correct = torch.zeros((), dtype=torch.int64, device=device)

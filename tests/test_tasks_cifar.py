@@ -162,6 +162,9 @@ def test_normalize() -> None:
     assert y.shape == (5, 3, 32, 32) and y.dtype == torch.float32 and y.is_contiguous()
     torch.testing.assert_close(y[:, 0], (x[..., 0].float() / 255 - 0.4914) / 0.2470)
     assert normalize(x, channels_last=True).is_contiguous(memory_format=torch.channels_last)
+    xf = x.float()
+    normalize(xf)
+    assert torch.equal(xf, x.float())  # float input is not modified in place
     black = normalize(torch.zeros(1, 32, 32, 3, dtype=torch.uint8))
     torch.testing.assert_close(black[0, :, 0, 0], torch.tensor(CIFAR10_BLACK))
 
