@@ -12,7 +12,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, M
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
-from client.local_round import pick_device
+from client.local_round import partitions, pick_device
 from simulations.config import RunConfig
 from strategies.averaging import state_nbytes
 from strategies.celgc import CELGC
@@ -93,6 +93,16 @@ def _check_nodes(grid: Grid, cfg: RunConfig, nodes: list[int]) -> None:
             )
 
 
+def check_partitions(cfg: RunConfig) -> None:
+    """Fail before any round if the clients' data cannot hold the configured batches."""
+    sizes = [len(p) for p in partitions(cfg)]
+    if cfg.batch_size > min(sizes):
+        raise ValueError(
+            f"batch-size ({cfg.batch_size}) exceeds the smallest client's {min(sizes)} examples "
+            f"(partitioner {cfg.partitioner}, num-clients {cfg.num_clients}): lower batch-size or num-clients"
+        )
+
+
 def run_name(cfg: RunConfig) -> str:
     return cfg.run_name or f"{cfg.task}-{cfg.algorithm}-I{cfg.local_steps}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -104,6 +114,7 @@ def main(grid: Grid, context: Context) -> None:
     log(INFO, "CELGC run: %s -> results in %s", cfg.task, folder)
     task = load_task(cfg)
     device = pick_device(cfg.device)
+    check_partitions(cfg)
     model = initial_model(task, cfg.seed).to(device)
     arrays = ArrayRecord(model.state_dict())
     wait_for_federation(grid, cfg)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 TASKS = ("digits", "cifar10", "ptb", "wikitext2")
 ALGORITHMS = ("celgc", "local-sgd", "naive")

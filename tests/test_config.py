@@ -1,0 +1,74 @@
+"""RunConfig: one validated, frozen object; errors name the key, the value and the range."""
+
+import dataclasses
+import math
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from simulations.config import RunConfig, config_keys
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_pyproject_defaults_are_the_config_defaults():
+    app_config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert app_config == RunConfig().to_mapping()
+    assert RunConfig.from_toml(ROOT / "pyproject.toml") == RunConfig()
+
+
+def test_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        RunConfig().lr = 1.0  # type: ignore[misc]
+
+
+def test_parsing_of_special_values():
+    cfg = RunConfig.from_mapping({"clip": "off", "lr-milestones": "80,120", "num-rounds": 3.0, "download": "true"})
+    assert math.isinf(cfg.clip) and not cfg.clipping
+    assert cfg.lr_milestones == (80.0, 120.0) and cfg.num_rounds == 3 and cfg.download is True
+    assert RunConfig.from_mapping(cfg.to_mapping()) == cfg
+    assert RunConfig.from_mapping({"clip": "inf"}).clip == math.inf
+
+
+def test_every_key_is_documented():
+    keys = config_keys()
+    assert [k for k, _, _ in keys] == list(RunConfig().to_mapping())
+    assert all(doc for _, _, doc in keys)
+
+
+@pytest.mark.parametrize("values,match", [
+    ({"local-steps": 0}, r"local-steps must be an integer >= 1, got 0"),
+    ({"local-steps": 2.5}, r"local-steps must be an integer, got 2.5"),
+    ({"lr": 0}, r"lr must be a finite number > 0, got 0"),
+    ({"lr": -0.1}, r"lr must be a finite number > 0, got -0.1"),
+    ({"lr": "fast"}, r"lr must be a number, got 'fast'"),
+    ({"clip": 0}, r"clip must be > 0, or \"off\" to disable clipping, got 0"),
+    ({"clip": -1}, r"clip must be > 0"),
+    ({"num-clients": 0}, r"num-clients must be an integer >= 1, got 0"),
+    ({"num-rounds": 0}, r"num-rounds must be an integer >= 1, got 0"),
+    ({"batch-size": 0}, r"batch-size must be an integer >= 1, got 0"),
+    ({"weight-decay": -1e-4}, r"weight-decay must be >= 0"),
+    ({"momentum": 1.0}, r"momentum must be in \[0, 1\), got 1.0"),
+    ({"partitioner": "pathological"}, r"partitioner must be one of homogeneous, similarity, dirichlet, got 'pathological'"),
+    ({"similarity": 101}, r"similarity must be in \[0, 100\], got 101"),
+    ({"similarity": -1}, r"similarity must be in \[0, 100\], got -1"),
+    ({"dirichlet-alpha": 0}, r"dirichlet-alpha must be > 0, got 0"),
+    ({"task": "imagenet"}, r"task must be one of digits, cifar10, ptb, wikitext2, got 'imagenet'"),
+    ({"algorithm": "fedprox"}, r"algorithm must be one of celgc, local-sgd, naive, got 'fedprox'"),
+    ({"aggregation": "median"}, r"aggregation must be one of uniform, examples, got 'median'"),
+    ({"lr-milestones": "120,80"}, r"lr-milestones must be increasing"),
+    ({"lr-milestones": "a,b"}, r"lr-milestones must be comma-separated numbers"),
+    ({"lr-decay": 0}, r"lr-decay must be in \(0, 1\], got 0"),
+    ({"algorithm": "naive", "local-steps": 4}, r"local-steps must be 1 for algorithm 'naive'"),
+    ({"algorithm": "local-sgd", "clip": 1.0}, r"clip must be \"off\" for algorithm 'local-sgd'"),
+    ({"download": "maybe"}, r"download must be true or false, got 'maybe'"),
+    ({"device": "tpu"}, r"device must be one of auto, cpu, cuda, got 'tpu'"),
+    ({"min-replies": 9}, r"min-replies \(9\) must be <= num-clients \(8\)"),
+    ({"seed": -1}, r"seed must be an integer >= 0, got -1"),
+    ({"eval-every": 0}, r"eval-every must be an integer >= 1, got 0"),
+    ({"lerning-rate": 0.1}, r"unknown config key\(s\) \['lerning-rate'\]"),
+])
+def test_bad_values_name_key_value_and_range(values, match):
+    with pytest.raises(ValueError, match=match):
+        RunConfig.from_mapping(values)
