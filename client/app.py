@@ -11,7 +11,7 @@ from flwr.clientapp import ClientApp
 
 from simulations.config import RunConfig
 
-from .local_round import cached_task, partitions, pick_device, train_round
+from .local_round import cached_task, gradient_round, partitions, pick_device, train_round
 
 app = ClientApp()
 
@@ -46,6 +46,12 @@ def train(msg: Message, context: Context) -> Message:
     pid = node_partition(context, cfg)
     config = msg.content["config"]
     state = msg.content["arrays"].to_torch_state_dict()
+    if config.get("mode") == "gradient":  # naive parallel clipping: the gradient, not a local update
+        grads, buffers, metrics = gradient_round(cfg, pid, int(config["server-round"]), state, dict(config))
+        metrics["partition-id"] = pid
+        content = RecordDict({"grads": ArrayRecord(grads), "buffers": ArrayRecord(buffers),
+                              "metrics": MetricRecord(metrics)})
+        return Message(content=content, reply_to=msg)
     new_state, metrics = train_round(cfg, pid, int(config["server-round"]), state, dict(config))
     metrics["partition-id"] = pid
     content = RecordDict({"arrays": ArrayRecord(new_state), "metrics": MetricRecord(metrics)})

@@ -15,7 +15,7 @@ from simulations.config import RunConfig
 from simulations.partition import partition as make_partition
 from tasks import load_task
 
-from .update import StepConfig, local_update
+from .update import StepConfig, grad_norm, local_update
 
 
 def pick_device(name: str) -> torch.device:
@@ -36,6 +36,8 @@ def cached_task(cfg: RunConfig) -> Any:
 def partitions(cfg: RunConfig) -> tuple[np.ndarray, ...]:
     """All clients' index sets, from (seed, num-clients, partitioner) alone."""
     task = cached_task(cfg)
+    if hasattr(task, "client_partitions"):  # e.g. language models: one token stream per client
+        return tuple(task.client_partitions(cfg))
     parts = make_partition(task.labels, cfg.num_clients, cfg.partitioner, cfg.seed,
                            similarity=cfg.similarity, alpha=cfg.dirichlet_alpha)
     return tuple(parts)
@@ -65,6 +67,49 @@ def train_round(
         partitions(cfg)[partition_id], seed=cfg.seed, partition_id=partition_id, server_round=server_round,
         local_steps=int(hparams["local-steps"]), batch_size=int(hparams["batch-size"]), device=device,
     )
-    metrics = local_update(model, batches, task.loss, step)
+    count = getattr(task, "count_examples", None)
+    metrics = local_update(model, batches, task.loss, step, **({"count": count} if count else {}))
     new_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     return new_state, metrics
+
+
+def gradient_round(
+    cfg: RunConfig,
+    partition_id: int,
+    server_round: int,
+    state: dict[str, torch.Tensor],
+    hparams: dict[str, Any],
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, float | int]]:
+    """A naive parallel-clipping round: the gradient at ``state`` on ONE minibatch.
+
+    The minibatch is the one ``train_round`` would use with one local step (the same
+    sampling). Returns ``(grads, buffers, metrics)``: the loss gradient of every trainable
+    parameter (zeros where unused), the module's buffers after that training-mode forward
+    pass (BatchNorm statistics), and ``train-loss``, ``grad-norm``, ``num-examples``,
+    ``num-steps`` (1) and, when the task scales steps, ``lr-scale``. Nothing is applied:
+    the server averages the gradients and takes the clipped step.
+    """
+    if not (0 <= partition_id < cfg.num_clients):
+        raise ValueError(f"partition-id must be in [0, {cfg.num_clients - 1}] "
+                         f"(num-clients = {cfg.num_clients}), got {partition_id}")
+    device = pick_device(cfg.device)
+    task = cached_task(cfg)
+    model = task.build_model().to(device)
+    model.load_state_dict(state)
+    model.train()
+    (batch,) = list(task.round_batches(
+        partitions(cfg)[partition_id], seed=cfg.seed, partition_id=partition_id, server_round=server_round,
+        local_steps=1, batch_size=int(hparams["batch-size"]), device=device,
+    ))
+    loss = task.loss(model, batch)
+    loss.backward()
+    named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
+    grads = {k: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu() for k, p in named}
+    buffers = {k: v.detach().cpu() for k, v in model.state_dict().items() if k not in grads}
+    count = getattr(task, "count_examples", None) or (lambda b: len(b[0]))
+    norm, value = torch.stack([grad_norm(list(grads.values())).double(), loss.detach().double().cpu()]).tolist()
+    metrics: dict[str, float | int] = {"train-loss": value, "grad-norm": norm, "num-steps": 1,
+                                       "num-examples": int(count(batch)), "skipped-steps": 0}
+    if hasattr(batch, "lr_scale"):
+        metrics["lr-scale"] = float(batch.lr_scale)
+    return grads, buffers, metrics

@@ -101,7 +101,9 @@ def local_update(
         loss.backward()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         with torch.no_grad():
-            new_params, bufs, stats = clipped_sgd_step(params, grads, bufs, cfg)
+            # a batch may carry its own step scale (AWD-LSTM: seq_len / bptt; scales lr and clip)
+            scale = getattr(batch, "lr_scale", 1.0)
+            new_params, bufs, stats = clipped_sgd_step(params, grads, bufs, cfg, lr_scale=scale)
             torch._foreach_copy_(params, new_params)
         totals.add(loss, stats, count(batch))
     for p in params:

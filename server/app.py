@@ -16,6 +16,7 @@ from client.local_round import partitions, pick_device
 from simulations.config import RunConfig
 from strategies.averaging import state_nbytes
 from strategies.celgc import CELGC
+from strategies.naive import NaiveParallelClip
 from strategies.schedule import global_epoch
 from tasks import load_task
 
@@ -36,13 +37,20 @@ def initial_model(task: Any, seed: int) -> torch.nn.Module:
 
 
 def build_strategy(cfg: RunConfig, train_size: int) -> CELGC:
-    """The strategy named by ``algorithm`` with every setting from the config."""
-    return CELGC(
-        local_steps=cfg.local_steps, lr=cfg.lr, clip=cfg.clip, batch_size=cfg.batch_size,
+    """The strategy named by ``algorithm`` with every setting from the config.
+
+    celgc and local-sgd (celgc with clip off) -> CELGC; naive -> NaiveParallelClip (a
+    CELGC subclass: one step a round, clients send gradients, the server clips).
+    """
+    common = dict(
+        lr=cfg.lr, clip=cfg.clip, batch_size=cfg.batch_size,
         weight_decay=cfg.weight_decay, momentum=cfg.momentum, lr_decay=cfg.lr_decay,
         lr_milestones=cfg.lr_milestones, train_size=train_size, aggregation=cfg.aggregation,
         num_clients=cfg.num_clients, fraction_train=1.0, fraction_evaluate=0.0,
     )
+    if cfg.algorithm == "naive":
+        return NaiveParallelClip(**common)
+    return CELGC(local_steps=cfg.local_steps, **common)
 
 
 def wait_for_federation(grid: Grid, cfg: RunConfig, poll: float = 0.5) -> list[int]:

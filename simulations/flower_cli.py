@@ -373,9 +373,10 @@ class LocalSuperLink:
     ``log_file`` (SuperLink log), ``output_file`` (stdout/stderr of the SuperLink and
     everything it spawns: SuperExec, flwr-simulation, Ray).
 
-    ``cwd`` is the working directory of the SuperLink and therefore of the ServerApp and
-    the simulated ClientApps (default: the caller's cwd) -- a relative ``results/`` path
-    in a ServerApp lands there. On exit every process of this instance is terminated
+    The ``cwd`` argument (attribute ``server_cwd``; default: the caller's cwd) is the
+    working directory of the SuperLink and therefore of the ServerApp and the simulated
+    ClientApps -- a relative ``results/`` path in a ServerApp lands there. (The ``cwd``
+    property is where ``flwr`` CLI commands run: FLWR_HOME.) On exit every process of this instance is terminated
     (SIGTERM, then SIGKILL after ``shutdown_timeout``), including detached children.
     """
 
@@ -405,7 +406,7 @@ class LocalSuperLink:
         self.home.mkdir(parents=True, exist_ok=True)
         self.connection = connection
         self.database = database if database is not None else str(self.home / "state.db")
-        self.cwd_for_server = Path(cwd) if cwd is not None else Path.cwd()
+        self.server_cwd = Path(cwd) if cwd is not None else Path.cwd()
         self.isolation = isolation
         self.startup_timeout = startup_timeout
         self.shutdown_timeout = shutdown_timeout
@@ -479,7 +480,7 @@ class LocalSuperLink:
         self._out_fh = open(self.output_file, "ab")
         self.process = subprocess.Popen(
             self.command(),
-            cwd=self.cwd_for_server,
+            cwd=self.server_cwd,
             env=server_env,
             stdin=subprocess.DEVNULL,
             stdout=self._out_fh,

@@ -155,9 +155,9 @@ def test_successful_run_is_completed(app_dir: Path, superlink: LocalSuperLink, t
     assert "FCLI-PROBE serverapp started" in run["logs"]  # ServerApp stdout reaches `flwr log`
     result = json.loads((out / "result.json").read_text())
     # each client adds partition-id + 1; equal weights -> mean (N + 1) / 2 per round
-    assert result["final"] == [2 * (NUM_SUPERNODES + 1) / 2] * 3
+    assert result["final"] == pytest.approx([2 * (NUM_SUPERNODES + 1) / 2] * 3)
     assert result["num_nodes"] == NUM_SUPERNODES
-    assert Path(result["cwd"]) == superlink.cwd_for_server
+    assert Path(result["cwd"]) == superlink.server_cwd
 
 
 def test_failing_serverapp_raises_run_failed(app_dir: Path, superlink: LocalSuperLink) -> None:
