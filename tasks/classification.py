@@ -21,7 +21,9 @@ class ClassificationTask:
 
     ``augment(x, generator)`` (optional) runs on a batch on the batch's device; its
     generator is seeded from (seed, round, partition id) so augmentation is as
-    reproducible as the sampling.
+    reproducible as the sampling. ``transform(x)`` (optional) turns stored inputs into
+    model inputs on the device, for training and evaluation batches alike (CIFAR-10 keeps
+    uint8 images and normalises per batch: 4x less memory than float copies).
     """
 
     name: str
@@ -32,6 +34,7 @@ class ClassificationTask:
     num_classes: int
     build_model: Callable[[], nn.Module]
     augment: Augment | None = None
+    transform: Callable[[Tensor], Tensor] | None = None
     eval_batch_size: int = 1024
     _device_cache: dict = field(default_factory=dict, repr=False)
 
@@ -66,6 +69,8 @@ class ClassificationTask:
             gen.manual_seed(int(np.random.SeedSequence([seed, server_round, partition_id]).generate_state(1)[0]))
         for step in range(local_steps):
             x = x_all[idx_t[step]]
+            if self.transform is not None:
+                x = self.transform(x)
             if gen is not None:
                 x = self.augment(x, gen)
             yield x, y_all[idx_t[step]]
@@ -93,6 +98,8 @@ class ClassificationTask:
         correct = torch.zeros((), dtype=torch.int64, device=device)
         for start in range(0, len(y_all), self.eval_batch_size):
             x = x_all[start : start + self.eval_batch_size].to(device)
+            if self.transform is not None:
+                x = self.transform(x)
             y = y_all[start : start + self.eval_batch_size].to(device)
             logits = model(x)
             loss_sum += F.cross_entropy(logits, y, reduction="sum").double()

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Start one SuperNode on a client host: TLS + SuperNode authentication (Flower 1.42).
+#
+# Usage: start_supernode.sh --superlink HOST:PORT --ca FILE --key FILE
+#                           (--partition I --num-partitions N | --local-data DIR)
+#                           [--port PORT] [--rejoin-retries K] [--rejoin-delay S]
+#                           [--insecure] [-- EXTRA flower-supernode ARGS]
+#
+#   --superlink HOST:PORT   the SuperLink (a name or IP in its certificate's subjectAltName)
+#   --ca FILE               the deployment's ca.crt
+#   --key FILE              this host's private key supernode-I (its .pub must be registered)
+#   --partition I --num-partitions N
+#                           simulated partitions: the host computes partition I of N from
+#                           the shared seed, without coordination
+#   --local-data DIR        this host's own data instead (DIR/<task>.npz, see docs/DEPLOY.md);
+#                           add --partition I to seed its minibatch stream like partition I
+#   --port PORT             local port of the SuperNode's ClientApp API (default 9094; two
+#                           SuperNodes on one host need two ports)
+#   --rejoin-retries K      if the SuperLink refuses the connection (it still counts a crashed
+#                           predecessor as online: up to 2 missed 30 s heartbeats), try again
+#                           up to K times, --rejoin-delay S seconds apart (default 0 / 15)
+#   --insecure              no TLS, no authentication (needs a SuperLink started --insecure)
+set -euo pipefail
+
+superlink="" ca="" key="" partition="" num="" local_data="" port=9094 retries=0 delay=15 insecure=0 extra=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --superlink) superlink="$2"; shift 2 ;;
+    --ca) ca="$2"; shift 2 ;;
+    --key) key="$2"; shift 2 ;;
+    --partition) partition="$2"; shift 2 ;;
+    --num-partitions) num="$2"; shift 2 ;;
+    --local-data) local_data="$2"; shift 2 ;;
+    --port) port="$2"; shift 2 ;;
+    --rejoin-retries) retries="$2"; shift 2 ;;
+    --rejoin-delay) delay="$2"; shift 2 ;;
+    --insecure) insecure=1; shift ;;
+    --) shift; extra=("$@"); break ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "start_supernode.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+die() { echo "start_supernode.sh: $*" >&2; exit 2; }
+[[ -n "$superlink" ]] || die "--superlink HOST:PORT is required"
+for v in port retries delay; do [[ "${!v}" =~ ^[0-9]+$ ]] || die "--${v/retries/rejoin-retries} must be an integer >= 0"; done
+[[ -z "$partition" || "$partition" =~ ^[0-9]+$ ]] || die "--partition must be an integer >= 0, got $partition"
+
+node_config=""
+if [[ -n "$local_data" ]]; then
+  [[ -z "$num" ]] || die "--local-data and --num-partitions exclude each other"
+  [[ -d "$local_data" ]] || die "--local-data $local_data is not a directory"
+  [[ "$local_data" != *[\"\'[:space:]]* ]] || die "--local-data must not contain quotes or spaces"
+  node_config="local-data=\"$(cd "$local_data" && pwd)\""
+  [[ -z "$partition" ]] || node_config+=" partition-id=$partition"
+else
+  [[ -n "$partition" && "$num" =~ ^[1-9][0-9]*$ ]] || die "give --partition I --num-partitions N, or --local-data DIR"
+  (( partition < num )) || die "--partition must be < --num-partitions ($num), got $partition"
+  node_config="partition-id=$partition num-partitions=$num"
+fi
+
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+args=(--superlink "$superlink" --port "$port" --node-config "$node_config")
+if [[ $insecure -eq 1 ]]; then
+  echo "WARNING: start_supernode.sh --insecure: no TLS and no SuperNode authentication." >&2
+  args=(--insecure "${args[@]}")
+else
+  [[ -f "$ca" ]] || die "--ca FILE (the deployment's ca.crt) is required (or --insecure, not recommended)"
+  [[ -f "$key" ]] || die "--key FILE (this host's supernode private key) is required"
+  args=(--root-certificates "$ca" --auth-supernode-private-key "$key" "${args[@]}")
+fi
+bin="${FLWR_BIN_DIR:+$FLWR_BIN_DIR/}flower-supernode"
+if [[ $retries -eq 0 ]]; then
+  exec "$bin" "${args[@]}" "${extra[@]}"
+fi
+
+# Rejoin loop: only "could not connect / activate" (exit 305 -> status 49) is retried.
+child=""
+trap '[[ -n "$child" ]] && kill -TERM "$child" 2>/dev/null; wait; exit 143' TERM INT
+for ((attempt = 0; ; attempt++)); do
+  "$bin" "${args[@]}" "${extra[@]}" & child=$!
+  set +e; wait "$child"; rc=$?; set -e
+  child=""
+  if [[ $rc -ne 49 || $attempt -ge $retries ]]; then exit "$rc"; fi
+  echo "start_supernode.sh: SuperLink refused the connection; retry $((attempt + 1))/$retries in ${delay}s" >&2
+  sleep "$delay"
+done

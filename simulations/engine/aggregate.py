@@ -1,0 +1,142 @@
+"""The end of a round in the engine: clients' states and metrics -> one flat vector -> average.
+
+The same semantics as the Flower path (``strategies.averaging`` and the CELGC strategy):
+
+* a client whose floating-point state holds a non-finite value is rejected (not averaged,
+  counted in ``rejected-replies``), as ``check_state`` rejects such a reply;
+* the average is sum_i w_i x_i over the sound clients in float64, with w_i = 1/N
+  (``uniform``) or n_i / sum n (``examples``) renormalised over the sound clients, and is
+  cast back by ``strategies.averaging.finalize`` (integer buffers rounded, dtype kept);
+* round metrics are the step-weighted means of the clients' train-loss, clip-fraction and
+  grad-norm (non-finite client values left out) and the sums of examples, steps and skipped
+  steps, as ``RoundStats.as_metrics`` then the strategy's aggregation compute them.
+
+What crosses processes is one float64 vector per process: its clients' weighted sums of
+every state tensor, the weight total, and the metric sums. ``all_reduce_sum`` adds them and
+every process finalises the same average.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from client.update import RoundStats
+from strategies.averaging import AGGREGATIONS, finalize
+
+from .distributed import World, all_reduce_sum
+
+MEANS = ("train-loss", "clip-fraction", "grad-norm")
+COUNTS = ("num-examples", "num-steps", "skipped-steps")
+# columns of a per-client metric table
+COLUMNS = MEANS + COUNTS
+_TAIL = 2 + 2 * len(MEANS) + len(COUNTS)  # weight total, replies, (num, den) per mean, counts
+
+
+@dataclass
+class ClientMetrics:
+    """Per-client metrics of one round, a float64 table [n, len(COLUMNS)] on the device."""
+
+    table: Tensor
+
+    @classmethod
+    def from_stats(cls, stats: RoundStats | Sequence[RoundStats]) -> ClientMetrics:
+        """From one ``RoundStats`` whose sums are [n] tensors (vectorised clients) or from
+        one ``RoundStats`` per client; the formulas of ``RoundStats.as_metrics``."""
+        if isinstance(stats, RoundStats):
+            n = stats.loss_sum.shape[0]
+            sums = torch.stack([stats.loss_sum, stats.grad_norm_sum, stats.clipped, stats.skipped])
+            steps = torch.full((n,), float(stats.steps), dtype=torch.float64, device=sums.device)
+            examples = torch.full_like(steps, float(stats.examples))
+        else:
+            sums = torch.stack([torch.stack([s.loss_sum, s.grad_norm_sum, s.clipped, s.skipped]) for s in stats], 1)
+            steps = torch.tensor([float(s.steps) for s in stats], dtype=torch.float64, device=sums.device)
+            examples = torch.tensor([float(s.examples) for s in stats], dtype=torch.float64, device=sums.device)
+        loss, gsum, clipped, skipped = sums.double()
+        per_step = steps.clamp(min=1.0)
+        finite_steps = steps - skipped
+        grad = torch.where(finite_steps > 0, gsum / finite_steps.clamp(min=1.0), torch.full_like(gsum, float("nan")))
+        return cls(torch.stack([loss / per_step, clipped / per_step, grad, examples, steps, skipped], 1))
+
+    def column(self, name: str) -> Tensor:
+        return self.table[:, COLUMNS.index(name)]
+
+
+def flat_states(stacked: Mapping[str, Tensor], keys: Sequence[str]) -> Tensor:
+    """The clients' states as one float64 matrix [n, P] (keys in order, each flattened)."""
+    first = stacked[keys[0]]
+    return torch.cat([stacked[k].detach().reshape(first.shape[0], -1).to(torch.float64) for k in keys], 1)
+
+
+def unflatten(vector: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Split a flat vector back into tensors shaped as ``like`` (still float64)."""
+    out, offset = {}, 0
+    for key, ref in like.items():
+        out[key] = vector[offset : offset + ref.numel()].view(ref.shape)
+        offset += ref.numel()
+    if offset != vector.numel():
+        raise ValueError(f"flat vector has {vector.numel()} entries, the state needs {offset}")
+    return out
+
+
+def client_factors(metrics: ClientMetrics, aggregation: str, num_clients: int) -> Tensor:
+    """Unnormalised averaging weight of each client: 1/N (uniform) or its examples."""
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}")
+    if aggregation == "uniform":
+        return torch.full_like(metrics.column("num-examples"), 1.0 / num_clients)
+    return metrics.column("num-examples")
+
+
+def round_vector(matrix: Tensor, metrics: ClientMetrics, factors: Tensor, reject_nonfinite: bool = True) -> Tensor:
+    """This process's share of the round: [sum_i c_i x_i | sum c_i | replies | metric sums]."""
+    ok = torch.isfinite(matrix).all(1) if reject_nonfinite else torch.ones_like(factors, dtype=torch.bool)
+    w = torch.where(ok, factors, torch.zeros_like(factors))
+    safe = torch.where(ok[:, None], matrix, torch.zeros_like(matrix))
+    weighted = w @ safe
+    table = metrics.table
+    steps = table[:, COLUMNS.index("num-steps")]
+    tail = [w.sum(), ok.double().sum()]
+    for name in MEANS:
+        v = table[:, COLUMNS.index(name)]
+        valid = ok & torch.isfinite(v)
+        tail += [torch.where(valid, v * steps, 0.0).sum(), torch.where(valid, steps, 0.0).sum()]
+    for name in COUNTS:
+        tail.append(torch.where(ok, table[:, COLUMNS.index(name)], 0.0).sum())
+    return torch.cat([weighted, torch.stack(tail).to(weighted.dtype)])
+
+
+def finish_round(
+    total: Tensor, like: Mapping[str, Tensor], num_clients: int
+) -> tuple[dict[str, Tensor] | None, dict[str, float | int]]:
+    """The all-reduced vector -> (average state or None if no client was sound, metrics)."""
+    body, tail = total[:-_TAIL], total[-_TAIL:].tolist()  # the round's one host sync
+    weight, replies = tail[0], int(round(tail[1]))
+    metrics: dict[str, float | int] = {
+        "replies": replies, "rejected-replies": num_clients - replies, "failed-replies": 0,
+    }
+    for i, name in enumerate(MEANS):
+        num, den = tail[2 + 2 * i], tail[3 + 2 * i]
+        if den > 0:
+            metrics[name] = num / den
+    for i, name in enumerate(COUNTS):
+        if replies:
+            metrics[name] = int(round(tail[2 + 2 * len(MEANS) + i]))
+    if replies == 0 or weight <= 0:
+        return None, metrics
+    summed = unflatten(body if weight == 1.0 else body / weight, like)
+    return finalize(summed, like), metrics
+
+
+def average_round(
+    stacked: Mapping[str, Tensor], like: Mapping[str, Tensor], metrics: ClientMetrics, *, aggregation: str,
+    num_clients: int, world: World, reject_nonfinite: bool = True,
+) -> tuple[dict[str, Tensor] | None, dict[str, float | int]]:
+    """Average the clients of all processes (ONE all-reduce); see the module docstring."""
+    keys = list(like)
+    vector = round_vector(flat_states(stacked, keys), metrics, client_factors(metrics, aggregation, num_clients),
+                          reject_nonfinite)
+    return finish_round(all_reduce_sum(vector, world), like, num_clients)

@@ -1,0 +1,51 @@
+"""Smoke test of the real path: `flwr run` on this app, a private SuperLink, Ray simulation.
+
+Pass or fail comes from the run's status (`flwr ls`), never from `flwr run`'s exit code
+(it exits 0 for failed runs too).
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from client.app import app as client_app
+from loopback_grid import LoopbackGrid, run_server_app
+from server.app import app as server_app
+from server.results import load_weights, read_results
+from simulations.config import RunConfig
+from simulations.flower_cli import LocalSuperLink, RunFailed, run_app
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = {"num-clients": 3, "num-rounds": 2, "local-steps": 2, "seed": 3}
+
+
+@pytest.fixture(scope="module")
+def superlink(tmp_path_factory):
+    with LocalSuperLink(cwd=tmp_path_factory.mktemp("superlink")) as sl:
+        yield sl
+
+
+def test_flwr_run_completes_and_matches_the_in_process_app(superlink, tmp_path):
+    config = {**SMALL, "results-dir": str(tmp_path), "run-name": "flwr"}
+    run = run_app(ROOT, config, {"num-supernodes": 3}, timeout=240, superlink=superlink)
+    assert run["status"] == "finished:completed"
+    header, rows = read_results(tmp_path / "flwr" / "results.jsonl")
+    assert header["config"]["num-clients"] == 3 and [r["round"] for r in rows] == [0, 1, 2]
+    assert rows[-1]["replies"] == 3
+    flower = load_weights(tmp_path / "flwr" / "model.pt")
+
+    values = {**RunConfig().to_mapping(), **SMALL, "results-dir": str(tmp_path), "run-name": "loop"}
+    run_server_app(server_app, LoopbackGrid(client_app, values, 3))
+    loop = load_weights(tmp_path / "loop" / "model.pt")
+    for key in flower:
+        torch.testing.assert_close(flower[key], loop[key], rtol=0, atol=1e-6)
+
+
+def test_federation_of_the_wrong_size_is_a_failed_run_with_the_fix(superlink, tmp_path):
+    config = {**SMALL, "results-dir": str(tmp_path)}
+    with pytest.raises(RunFailed) as info:
+        run_app(ROOT, config, {"num-supernodes": 2}, timeout=240, superlink=superlink)
+    assert info.value.status == "finished:failed"
+    text = f"{info.value}\n{info.value.logs_tail}\n{info.value.details}"
+    assert "num-supernodes=3" in text
