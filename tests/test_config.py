@@ -2,10 +2,10 @@
 
 import dataclasses
 import math
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from simulations.config import RunConfig, config_keys
 
