@@ -56,7 +56,9 @@ def train_round(
     ``clip``, ``weight-decay``, ``momentum``, ``batch-size``).
     """
     if not (0 <= partition_id < cfg.num_clients):
-        raise ValueError(f"partition-id must be in [0, {cfg.num_clients - 1}] (num-clients = {cfg.num_clients}), got {partition_id}")
+        raise ValueError(
+            f"partition-id must be in [0, {cfg.num_clients - 1}] (num-clients = {cfg.num_clients}), got {partition_id}"
+        )
     device = pick_device(cfg.device)
     task = cached_task(cfg)
     model = task.build_model().to(device)
