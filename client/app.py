@@ -1,6 +1,7 @@
 """The ClientApp: a Flower Message in, one round of local clipped SGD, a Message out.
 
-Thin by design: it reads the node's ``partition-id`` / ``num-partitions`` and the run
+Thin by design: it reads the node's ``partition-id`` / ``num-partitions`` (or its
+``local-data`` directory: the host's own data, see ``client.local_data``) and the run
 config, and hands the arrays and the round's hyper-parameters to ``train_round``.
 """
 
@@ -11,6 +12,7 @@ from flwr.clientapp import ClientApp
 
 from simulations.config import RunConfig
 
+from .local_data import local_data
 from .local_round import cached_task, gradient_round, partitions, pick_device, train_round
 
 app = ClientApp()
@@ -43,17 +45,21 @@ def node_partition(context: Context, cfg: RunConfig) -> int:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     cfg = RunConfig.from_mapping(dict(context.run_config))
-    pid = node_partition(context, cfg)
+    local = local_data(context.node_config, cfg)  # the host's own data (node config local-data)
+    pid = local.sampling_id if local else node_partition(context, cfg)
+    data = (local.task, local.indices) if local else None
     config = msg.content["config"]
     state = msg.content["arrays"].to_torch_state_dict()
     if config.get("mode") == "gradient":  # naive parallel clipping: the gradient, not a local update
-        grads, buffers, metrics = gradient_round(cfg, pid, int(config["server-round"]), state, dict(config))
-        metrics["partition-id"] = pid
+        grads, buffers, metrics = gradient_round(cfg, pid, int(config["server-round"]), state, dict(config), data)
+        if not local or local.partition_id is not None:
+            metrics["partition-id"] = pid
         content = RecordDict({"grads": ArrayRecord(grads), "buffers": ArrayRecord(buffers),
                               "metrics": MetricRecord(metrics)})
         return Message(content=content, reply_to=msg)
-    new_state, metrics = train_round(cfg, pid, int(config["server-round"]), state, dict(config))
-    metrics["partition-id"] = pid
+    new_state, metrics = train_round(cfg, pid, int(config["server-round"]), state, dict(config), data)
+    if not local or local.partition_id is not None:
+        metrics["partition-id"] = pid
     content = RecordDict({"arrays": ArrayRecord(new_state), "metrics": MetricRecord(metrics)})
     return Message(content=content, reply_to=msg)
 
@@ -62,12 +68,11 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Loss and accuracy of the received model on this client's own partition."""
     cfg = RunConfig.from_mapping(dict(context.run_config))
-    pid = node_partition(context, cfg)
-    task = cached_task(cfg)
+    local = local_data(context.node_config, cfg)
+    task, idx = (local.task, local.indices) if local else (cached_task(cfg), partitions(cfg)[node_partition(context, cfg)])
     device = pick_device(cfg.device)
     model = task.build_model().to(device)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    idx = partitions(cfg)[pid]
     metrics = task.evaluate_indices(model, device, idx)
     metrics["num-examples"] = len(idx)
     return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)

@@ -49,24 +49,27 @@ def train_round(
     server_round: int,
     state: dict[str, torch.Tensor],
     hparams: dict[str, Any],
+    data: tuple[Any, np.ndarray] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float | int]]:
     """Run one round of local clipped SGD for client ``partition_id`` from ``state``.
 
     ``hparams`` are the round's values sent by the strategy (``local-steps``, ``lr``,
-    ``clip``, ``weight-decay``, ``momentum``, ``batch-size``).
+    ``clip``, ``weight-decay``, ``momentum``, ``batch-size``). ``data`` = (task, indices)
+    replaces the simulated partition (a host's own data, ``client.local_data``); then
+    ``partition_id`` only seeds the sampling.
     """
-    if not (0 <= partition_id < cfg.num_clients):
+    if data is None and not (0 <= partition_id < cfg.num_clients):
         raise ValueError(
             f"partition-id must be in [0, {cfg.num_clients - 1}] (num-clients = {cfg.num_clients}), got {partition_id}"
         )
     device = pick_device(cfg.device)
-    task = cached_task(cfg)
+    task, idx = data if data is not None else (cached_task(cfg), partitions(cfg)[partition_id])
     model = task.build_model().to(device)
     model.load_state_dict(state)
     step = StepConfig(lr=float(hparams["lr"]), clip=float(hparams["clip"]),
                       weight_decay=float(hparams["weight-decay"]), momentum=float(hparams["momentum"]))
     batches = task.round_batches(
-        partitions(cfg)[partition_id], seed=cfg.seed, partition_id=partition_id, server_round=server_round,
+        idx, seed=cfg.seed, partition_id=partition_id, server_round=server_round,
         local_steps=int(hparams["local-steps"]), batch_size=int(hparams["batch-size"]), device=device,
     )
     count = getattr(task, "count_examples", None)
@@ -81,6 +84,7 @@ def gradient_round(
     server_round: int,
     state: dict[str, torch.Tensor],
     hparams: dict[str, Any],
+    data: tuple[Any, np.ndarray] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, float | int]]:
     """A naive parallel-clipping round: the gradient at ``state`` on ONE minibatch.
 
@@ -91,16 +95,16 @@ def gradient_round(
     ``num-steps`` (1) and, when the task scales steps, ``lr-scale``. Nothing is applied:
     the server averages the gradients and takes the clipped step.
     """
-    if not (0 <= partition_id < cfg.num_clients):
+    if data is None and not (0 <= partition_id < cfg.num_clients):
         raise ValueError(f"partition-id must be in [0, {cfg.num_clients - 1}] "
                          f"(num-clients = {cfg.num_clients}), got {partition_id}")
     device = pick_device(cfg.device)
-    task = cached_task(cfg)
+    task, idx = data if data is not None else (cached_task(cfg), partitions(cfg)[partition_id])
     model = task.build_model().to(device)
     model.load_state_dict(state)
     model.train()
     (batch,) = list(task.round_batches(
-        partitions(cfg)[partition_id], seed=cfg.seed, partition_id=partition_id, server_round=server_round,
+        idx, seed=cfg.seed, partition_id=partition_id, server_round=server_round,
         local_steps=1, batch_size=int(hparams["batch-size"]), device=device,
     ))
     loss = task.loss(model, batch)

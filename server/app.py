@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,17 @@ from strategies.naive import NaiveParallelClip
 from strategies.schedule import global_epoch
 from tasks import load_task
 
+from .checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    ResumedStrategy,
+    check_resumable,
+    load_checkpoint,
+    restore_strategy,
+    save_checkpoint,
+    strategy_state,
+)
+from .faults import WatchedGrid
 from .results import ResultsWriter, save_weights
 
 app = ServerApp()
@@ -47,13 +58,16 @@ def build_strategy(cfg: RunConfig, train_size: int) -> CELGC:
         weight_decay=cfg.weight_decay, momentum=cfg.momentum, lr_decay=cfg.lr_decay,
         lr_milestones=cfg.lr_milestones, train_size=train_size, aggregation=cfg.aggregation,
         num_clients=cfg.num_clients, fraction_train=1.0, fraction_evaluate=0.0,
+        # every online node trains; a round needs min-replies of them (fault tolerance)
+        min_train_nodes=cfg.required_replies, min_available_nodes=cfg.required_replies,
     )
     if cfg.algorithm == "naive":
         return NaiveParallelClip(**common)
     return CELGC(local_steps=cfg.local_steps, **common)
 
 
-def wait_for_federation(grid: Grid, cfg: RunConfig, poll: float = 0.5) -> list[int]:
+def wait_for_federation(grid: Grid, cfg: RunConfig, poll: float = 0.5,
+                        partition_of: dict[int, int] | None = None) -> list[int]:
     """Wait (at most ``node-wait`` s) for exactly num-clients nodes with matching partitions.
 
     Connected nodes are asked for their ``partition-id`` / ``num-partitions`` (a query
@@ -66,7 +80,7 @@ def wait_for_federation(grid: Grid, cfg: RunConfig, poll: float = 0.5) -> list[i
         nodes = sorted(grid.get_node_ids())
         fresh = [n for n in nodes if n not in checked]
         if fresh:
-            _check_nodes(grid, cfg, fresh)
+            _check_nodes(grid, cfg, fresh, partition_of)
             checked.update(fresh)
         if len(nodes) > cfg.num_clients:
             raise FederationError(
@@ -85,12 +99,14 @@ def wait_for_federation(grid: Grid, cfg: RunConfig, poll: float = 0.5) -> list[i
         time.sleep(poll)
 
 
-def _check_nodes(grid: Grid, cfg: RunConfig, nodes: list[int]) -> None:
+def _check_nodes(grid: Grid, cfg: RunConfig, nodes: list[int], partition_of: dict[int, int] | None = None) -> None:
     queries = [Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=n) for n in nodes]
     for reply in grid.send_and_receive(queries, timeout=cfg.node_wait):
         if reply.has_error():
             continue  # an app without a query handler: the train step checks again
         info = next(iter(reply.content.metric_records.values()), {})
+        if partition_of is not None and isinstance(info.get("partition-id"), int):
+            partition_of[reply.metadata.src_node_id] = int(info["partition-id"])
         num = info.get("num-partitions")
         if num is not None and int(num) != cfg.num_clients:
             raise FederationError(
@@ -111,6 +127,22 @@ def check_partitions(cfg: RunConfig) -> None:
         )
 
 
+def resume_point(cfg: RunConfig, folder: Path, strategy: object) -> Checkpoint | None:
+    """The checkpoint to continue from (resume=true), checked against the config; None: round 0."""
+    if not cfg.resume:
+        return None
+    ckpt = load_checkpoint(folder)
+    if ckpt is None:
+        log(WARNING, "resume=true but %s holds no checkpoint: starting at round 0", folder)
+        return None
+    check_resumable(ckpt.meta.get("config", {}), cfg.to_mapping())
+    if ckpt.round > cfg.num_rounds:
+        raise CheckpointError(f"the checkpoint is at round {ckpt.round}, past num-rounds={cfg.num_rounds}")
+    restore_strategy(strategy, ckpt.strategy_state)
+    log(INFO, "Resuming %s from its round-%d checkpoint", folder.name, ckpt.round)
+    return ckpt
+
+
 def run_name(cfg: RunConfig) -> str:
     return cfg.run_name or f"{cfg.task}-{cfg.algorithm}-I{cfg.local_steps}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -125,11 +157,17 @@ def main(grid: Grid, context: Context) -> None:
     check_partitions(cfg)
     model = initial_model(task, cfg.seed).to(device)
     arrays = ArrayRecord(model.state_dict())
-    wait_for_federation(grid, cfg)
     strategy = build_strategy(cfg, task.train_size)
+    ckpt = resume_point(cfg, folder, strategy)
+    done = ckpt.round if ckpt else 0
+    if ckpt:
+        arrays = ArrayRecord(ckpt.arrays)
+    watched = WatchedGrid(grid, min_nodes=cfg.required_replies, node_wait=cfg.node_wait)
+    wait_for_federation(grid, cfg, partition_of=watched.partition_of)
     writer = ResultsWriter(folder, cfg.to_mapping(), {"train-size": task.train_size,
-                                                      "model-bytes": state_nbytes(model.state_dict())})
-    clock = {"start": time.monotonic(), "eval": 0.0}
+                                                      "model-bytes": state_nbytes(model.state_dict())},
+                           resume_from=done if ckpt else None)
+    clock = {"start": time.monotonic() - (float(ckpt.meta.get("wall-clock", 0.0)) if ckpt else 0.0), "eval": 0.0}
 
     def evaluate_fn(server_round: int, round_arrays: ArrayRecord) -> MetricRecord | None:
         t0 = time.monotonic()
@@ -139,12 +177,20 @@ def main(grid: Grid, context: Context) -> None:
             "communication-rounds": server_round,
         }
         if server_round > 0:
+            failures = watched.take_failures()
+            rejected = [f for f in strategy.last_failures if ": rejected, " in f]
             replies = int((strategy.last_round_metrics or {}).get("replies", 0))
             if replies < cfg.required_replies:
+                why = "; ".join(x for x in [WatchedGrid.describe(failures), *rejected] if x) or "none recorded"
                 raise RuntimeError(
                     f"round {server_round}: {replies} sound replies, {cfg.required_replies} required "
-                    f"(min-replies); failures: {'; '.join(strategy.last_failures) or 'replies timed out'}"
+                    f"(min-replies); failures: {why}"
                 )
+            row["failed-nodes"] = sorted(failures, key=lambda k: (isinstance(k, str), k if isinstance(k, int) else 0, str(k)))
+            if failures or rejected:
+                row["failures"] = [WatchedGrid.describe({k: v}) for k, v in failures.items()] + rejected
+            if done and server_round == done + 1:
+                row["resumed-from-round"] = done
             lr, clip = strategy.round_hparams(server_round, cfg.num_clients)
             row.update({"lr": lr, "clip": clip})
             row.update(dict(strategy.last_round_metrics or {}))
@@ -156,11 +202,21 @@ def main(grid: Grid, context: Context) -> None:
         clock["eval"] += time.monotonic() - t0
         row["wall-clock"] = time.monotonic() - clock["start"] - clock["eval"]
         writer.row(row)
+        every = cfg.checkpoint_every
+        if server_round > 0 and every and (server_round % every == 0 or server_round == cfg.num_rounds):
+            save_checkpoint(folder, Checkpoint(
+                round=server_round, arrays=round_arrays.to_torch_state_dict(), strategy_state=strategy_state(strategy),
+                meta={"config": cfg.to_mapping(), "wall-clock": row["wall-clock"], "num-rounds": cfg.num_rounds},
+            ))
         return MetricRecord(metrics) if metrics else None
 
-    result = strategy.start(
-        grid=grid, initial_arrays=arrays, num_rounds=cfg.num_rounds, timeout=cfg.round_timeout,
-        train_config=ConfigRecord(), evaluate_fn=evaluate_fn,
-    )
-    path = save_weights(result.arrays.to_torch_state_dict(), folder / "model.pt")
+    final = arrays
+    if done < cfg.num_rounds:
+        runner = ResumedStrategy(strategy, done) if done else strategy
+        result = runner.start(
+            grid=watched, initial_arrays=arrays, num_rounds=cfg.num_rounds - done, timeout=cfg.round_timeout,
+            train_config=ConfigRecord(), evaluate_fn=runner.shift_evaluate(evaluate_fn) if done else evaluate_fn,
+        )
+        final = result.arrays
+    path = save_weights(final.to_torch_state_dict(), folder / "model.pt")
     log(INFO, "Final weights: %s | results: %s", path, writer.path)

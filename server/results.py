@@ -35,16 +35,41 @@ def _clean(value: Any) -> Any:
 
 
 class ResultsWriter:
-    """Appends one JSON object per line to ``<folder>/results.jsonl`` and flushes it."""
+    """Appends one JSON object per line to ``<folder>/results.jsonl`` and flushes it.
 
-    def __init__(self, folder: str | Path, config: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
+    ``resume_from=k`` (a run resumed from its round-k checkpoint) keeps the existing file:
+    its header and rows up to round k stay, rows of later rounds (written after the
+    checkpoint, redone now) and a torn last line are dropped, new rows are appended.
+    """
+
+    def __init__(self, folder: str | Path, config: dict[str, Any], extra: dict[str, Any] | None = None,
+                 resume_from: int | None = None) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.path = self.folder / "results.jsonl"
+        if resume_from is not None and self.path.exists():
+            self._keep_rows_until(resume_from)
+            return
         header = {"kind": "header", "config": config, "versions": versions(),
                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **(extra or {})}
         with self.path.open("w") as f:
             f.write(json.dumps({k: _clean(v) for k, v in header.items()}) + "\n")
+
+    def _keep_rows_until(self, last_round: int) -> None:
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line torn by the crash
+            if obj.get("kind") != "round" or int(obj.get("round", -1)) <= last_round:
+                kept.append(line)
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        with tmp.open("w") as f:
+            f.write("".join(line + "\n" for line in kept))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
 
     def row(self, values: dict[str, Any]) -> None:
         with self.path.open("a") as f:

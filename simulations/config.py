@@ -58,6 +58,8 @@ class RunConfig:
     node_wait: float = _key("node-wait", "seconds the server waits for num-clients nodes to connect", default=120.0)
     round_timeout: float = _key("round-timeout", "seconds the server waits for replies in a round", default=600.0)
     min_replies: int = _key("min-replies", "sound replies a round needs, else the run fails; 0: all num-clients", default=0)
+    checkpoint_every: int = _key("checkpoint-every", "write <results-dir>/<run-name>/checkpoint.pt every k rounds (and after the last); 0: never", default=1)
+    resume: bool = _key("resume", "continue run-name from its checkpoint (needs a fixed run-name); no checkpoint: start at round 0", default=False)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -172,6 +174,8 @@ def _validate(c: RunConfig) -> None:
     at_least("eval-every", c.eval_every, 1)
     at_least("seed", c.seed, 0)
     at_least("min-replies", c.min_replies, 0)
+    at_least("checkpoint-every", c.checkpoint_every, 0)
+    _check(not c.resume or bool(c.run_name), "resume=true needs a fixed run-name (the folder holding the checkpoint)")
     _check(c.min_replies <= c.num_clients, f"min-replies ({c.min_replies}) must be <= num-clients ({c.num_clients})")
     _check(math.isfinite(c.lr) and c.lr > 0, f"lr must be a finite number > 0, got {c.lr}")
     _check(c.clip > 0, f"clip must be > 0, or \"off\" to disable clipping, got {c.clip}")

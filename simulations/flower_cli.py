@@ -337,7 +337,9 @@ class ExistingSuperLink:
         root_certificates: str | os.PathLike[str] | None = None,
         connection: str = "target",
         flwr_home: str | os.PathLike[str] | None = None,
+        command_prefix: Sequence[str] = (),
     ):
+        self.command_prefix = list(command_prefix)  # prepended to every `flwr` command
         self._own_home = flwr_home is None
         self.home = Path(flwr_home) if flwr_home else Path(tempfile.mkdtemp(prefix="flwr-home-"))
         self.home.mkdir(parents=True, exist_ok=True)
@@ -581,7 +583,8 @@ SuperLinkLike = LocalSuperLink | ExistingSuperLink
 # ----------------------------------------------------------------------- CLI wrappers
 def _run_cli(args: Sequence[str], superlink: SuperLinkLike, timeout: float) -> tuple[int, str, str]:
     """Run ``flwr ARGS`` bounded by ``timeout``; (returncode, stdout, stderr)."""
-    cmd = [_exe("flwr"), *args]
+    # e.g. ["ip", "netns", "exec", NS]: run the CLI where the SuperLink is reachable
+    cmd = [*getattr(superlink, "command_prefix", ()), _exe("flwr"), *args]
     proc = subprocess.Popen(
         cmd,
         cwd=superlink.cwd,

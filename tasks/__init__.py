@@ -1,9 +1,11 @@
 """Tasks shared by both sides: data sets and models (pure PyTorch, no flwr).
 
 ``load_task(cfg)`` returns the task named by the ``task`` config key. Every task offers:
-``train_size``, ``labels`` (for partitioners), ``build_model()``, ``round_batches(...)``
-(a client's minibatches of one round), ``loss(model, batch)`` and
-``evaluate(model, device)``.
+``train_size``, ``labels`` (for partitioners) or ``client_partitions(cfg)`` (its own
+split, e.g. token streams), ``build_model()``, ``round_batches(...)`` (a client's minibatches
+of one round), ``loss(model, batch)``, ``evaluate(model, device)`` and
+``evaluate_indices(model, device, part)``; optionally ``count_examples(batch)``. A batch
+may carry ``lr_scale`` (multiplies that step's lr and clip).
 """
 
 from __future__ import annotations
@@ -15,8 +17,24 @@ if TYPE_CHECKING:
 
 
 def load_task(cfg: RunConfig) -> Any:
+    """The task named by ``cfg.task``; data sets are read from ``cfg.data_dir``.
+
+    digits: scikit-learn's digits and a small CNN (offline, ships with scikit-learn);
+    cifar10: CIFAR-10 + ResNet-56 (``tasks.cifar_task``; downloads only with
+    ``download = true``); ptb / wikitext2: the word-level corpora + AWD-LSTM
+    (``tasks.language``; never downloaded). A missing data set is a FileNotFoundError
+    that says where to put the files.
+    """
     if cfg.task == "digits":
         from .digits import digits_task
 
         return digits_task()
-    raise ValueError(f"task {cfg.task!r} is not available yet")
+    if cfg.task == "cifar10":
+        from .cifar_task import cifar10_task
+
+        return cifar10_task(cfg.data_dir, cfg.download)
+    if cfg.task in ("ptb", "wikitext2"):
+        from .language import language_task
+
+        return language_task(cfg.task, cfg.data_dir)
+    raise ValueError(f"unknown task {cfg.task!r}")

@@ -36,19 +36,43 @@ class DigitsCNN(nn.Module):
 
 
 @lru_cache(maxsize=1)
-def _load() -> tuple[torch.Tensor, ...]:
+def _split() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """sklearn's images (pixel values 0..16), labels and the fixed test mask."""
     from sklearn.datasets import load_digits
 
     data = load_digits()
-    x = data.images.astype(np.float32) / 16.0
     y = data.target.astype(np.int64)
     rng = np.random.default_rng(0)
     test = np.zeros(len(y), dtype=bool)
     for c in np.unique(y):
         idx = np.flatnonzero(y == c)
         test[rng.choice(idx, size=int(round(TEST_FRACTION * len(idx))), replace=False)] = True
-    mean, std = x[~test].mean(), x[~test].std()
-    x = (x - mean) / std
+    return data.images, y, test
+
+
+@lru_cache(maxsize=1)
+def _pixel_stats() -> tuple[np.float32, np.float32]:
+    images, _, test = _split()
+    x = images.astype(np.float32) / 16.0
+    return x[~test].mean(), x[~test].std()
+
+
+def standardize(images: np.ndarray) -> np.ndarray:
+    """Pixel values in [0, 16] -> float32 model inputs, standardised like the training set."""
+    mean, std = _pixel_stats()
+    return (np.asarray(images).astype(np.float32) / 16.0 - mean) / std
+
+
+def raw_train() -> tuple[np.ndarray, np.ndarray]:
+    """The training images (pixel values 0..16, [n, 8, 8]) and labels, in the task's order."""
+    images, y, test = _split()
+    return images[~test], y[~test]
+
+
+@lru_cache(maxsize=1)
+def _load() -> tuple[torch.Tensor, ...]:
+    images, y, test = _split()
+    x = standardize(images)
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
     return t(x[~test, None]), t(y[~test]), t(x[test, None]), t(y[test])
 

@@ -73,14 +73,15 @@ if [[ $retries -eq 0 ]]; then
   exec "$bin" "${args[@]}" "${extra[@]}"
 fi
 
-# Rejoin loop: only "could not connect / activate" (exit 305 -> status 49) is retried.
+# Rejoin loop: flower-supernode exits 1 on errors (e.g. "Failed to activate SuperNode"), 0 or
+# 128+N when asked to stop: only 1 is retried.
 child=""
 trap '[[ -n "$child" ]] && kill -TERM "$child" 2>/dev/null; wait; exit 143' TERM INT
 for ((attempt = 0; ; attempt++)); do
   "$bin" "${args[@]}" "${extra[@]}" & child=$!
   set +e; wait "$child"; rc=$?; set -e
   child=""
-  if [[ $rc -ne 49 || $attempt -ge $retries ]]; then exit "$rc"; fi
+  if [[ $rc -ne 1 || $attempt -ge $retries ]]; then exit "$rc"; fi
   echo "start_supernode.sh: SuperLink refused the connection; retry $((attempt + 1))/$retries in ${delay}s" >&2
   sleep "$delay"
 done

@@ -1,0 +1,352 @@
+"""A secure Flower deployment on this machine, driven by the scripts next to this file.
+
+``Deployment`` creates credentials (``make_certs.sh``), starts a SuperLink with TLS and
+SuperNode authentication (``start_superlink.sh``), registers SuperNode keys
+(``flwr supernode register``), starts SuperNodes (``start_supernode.sh``) and submits runs
+(``submit.sh``) -- the commands of docs/DEPLOY.md, on one machine. With ``Namespaces`` the
+SuperLink and every SuperNode run in their own network namespace on a private subnet, as
+on separate hosts. Every process started here is stopped on exit (its process group, its
+descendants and everything carrying this deployment's tag: SIGTERM, then SIGKILL),
+including the ``flower-superexec``, ``flwr-serverapp`` and ``flwr-clientapp`` processes
+Flower spawns. Used by tests/test_deploy_*.py; ``python -m server.deploy.local`` runs a
+demo federation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from simulations.flower_cli import (
+    _TAG_VAR,
+    ExistingSuperLink,
+    _alive,
+    _base_env,
+    _signal_pids,
+    _tagged_or_descendant_pids,
+    flwr_json,
+    format_overrides,
+    free_port,
+)
+
+DEPLOY = Path(__file__).resolve().parent
+REPO = DEPLOY.parents[1]
+
+
+class DeployError(RuntimeError):
+    """A script or process of the deployment failed or did not become ready in time."""
+
+
+class Proc:
+    """One started script: its own process group, output in ``log``, bounded waits."""
+
+    def __init__(self, name: str, cmd: Sequence[str], *, cwd: Path, env: Mapping[str, str], log: Path) -> None:
+        self.name, self.cmd, self.log = name, list(cmd), log
+        self._fh = open(log, "ab")
+        self.popen = subprocess.Popen(self.cmd, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
+                                      stdout=self._fh, stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def output(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(self.output().rstrip().splitlines()[-lines:])
+
+    def wait_for(self, text: str, timeout: float) -> None:
+        """Until ``text`` is in the output; DeployError if the process exits or time runs out."""
+        deadline = time.monotonic() + timeout
+        while text not in self.output():
+            if not self.alive():
+                raise DeployError(f"{self.name} exited with {self.popen.returncode} before {text!r}:\n{self.tail()}")
+            if time.monotonic() > deadline:
+                raise DeployError(f"{self.name}: no {text!r} within {timeout:g} s:\n{self.tail()}")
+            time.sleep(0.2)
+
+    def wait_exit(self, timeout: float) -> int:
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise DeployError(f"{self.name} still running after {timeout:g} s:\n{self.tail()}") from None
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the whole process tree (group and descendants)."""
+        targets = _tagged_or_descendant_pids(self.pid, "no-tag-" + uuid.uuid4().hex)
+        if self.alive():
+            try:
+                os.killpg(self.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        _signal_pids(targets, sig)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        targets = _tagged_or_descendant_pids(self.pid, "no-tag-" + uuid.uuid4().hex)
+        self.signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and (self.alive() or _alive(targets)):
+            time.sleep(0.1)
+        if self.alive() or _alive(targets):
+            self.signal(signal.SIGKILL)
+            _signal_pids(_alive(targets), signal.SIGKILL)
+        try:
+            self.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self._fh.close()
+
+
+class Namespaces:
+    """Network namespaces as hosts: ``server`` holds a bridge with 10.231.0.1/24, host i a veth
+    into it with 10.231.0.(10 + i). All created here; ``delete()`` removes them all."""
+
+    SUBNET = "10.231.0"
+
+    def __init__(self, num_clients: int) -> None:
+        tag = secrets.token_hex(3)
+        self.tag = tag
+        self.server = f"celgc-{tag}-srv"
+        self.clients = [f"celgc-{tag}-c{i}" for i in range(num_clients)]
+        self.server_ip = f"{self.SUBNET}.1"
+        self._created: list[str] = []
+
+    @staticmethod
+    def unavailable_reason() -> str | None:
+        """Why namespaces cannot be created here (None: they can)."""
+        if shutil.which("ip") is None:
+            return "the `ip` command (iproute2) is not installed"
+        name = f"celgc-probe-{secrets.token_hex(3)}"
+        probe = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True, timeout=20)
+        if probe.returncode != 0:
+            return f"`ip netns add` failed ({probe.stderr.strip() or probe.returncode}): needs root / CAP_SYS_ADMIN"
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
+        return None
+
+    def client_ip(self, i: int) -> str:
+        return f"{self.SUBNET}.{10 + i}"
+
+    def prefix(self, ns: str) -> list[str]:
+        return ["ip", "netns", "exec", ns]
+
+    def _ip(self, *args: str, ns: str | None = None) -> None:
+        cmd = [*(self.prefix(ns) if ns else []), "ip", *args]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+        if res.returncode != 0:
+            raise DeployError(f"{' '.join(cmd)}: {res.stderr.strip()}")
+
+    def create(self) -> Namespaces:
+        for ns in [self.server, *self.clients]:
+            self._ip("netns", "add", ns)
+            self._created.append(ns)
+            self._ip("link", "set", "lo", "up", ns=ns)
+        self._ip("link", "add", "br0", "type", "bridge", ns=self.server)
+        self._ip("addr", "add", f"{self.server_ip}/24", "dev", "br0", ns=self.server)
+        self._ip("link", "set", "br0", "up", ns=self.server)
+        for i, ns in enumerate(self.clients):
+            host_end, link_end = f"cg{self.tag}h{i}", f"cg{self.tag}l{i}"  # <= 15 characters
+            self._ip("link", "add", host_end, "type", "veth", "peer", "name", link_end)
+            self._ip("link", "set", link_end, "netns", self.server)
+            self._ip("link", "set", host_end, "netns", ns)
+            self._ip("link", "set", link_end, "master", "br0", ns=self.server)
+            self._ip("link", "set", link_end, "up", ns=self.server)
+            self._ip("addr", "add", f"{self.client_ip(i)}/24", "dev", host_end, ns=ns)
+            self._ip("link", "set", host_end, "up", ns=ns)
+        return self
+
+    def delete(self) -> None:
+        """Delete every namespace made here (their veths and the bridge go with them)."""
+        for ns in reversed(self._created):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+        self._created.clear()
+
+    def __enter__(self) -> Namespaces:
+        try:
+            return self.create()
+        except BaseException:
+            self.delete()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.delete()
+
+
+class Deployment:
+    """Credentials, a SuperLink and SuperNodes under ``root``, started from the scripts.
+
+    ``with Deployment(root, num_keys=2) as d: d.start_superlink(); d.register(0); ...``
+    """
+
+    def __init__(self, root: str | Path, *, num_keys: int = 2, netns: Namespaces | None = None,
+                 port: int | None = None, insecure: bool = False) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.netns = netns
+        self.insecure = insecure
+        self.host = netns.server_ip if netns else "127.0.0.1"
+        self.port = port or free_port()
+        self.address = f"{self.host}:{self.port}"
+        self.certs = self.root / "certs"
+        self.tag = uuid.uuid4().hex
+        self.procs: list[Proc] = []
+        self.superlink: Proc | None = None
+        self.nodes: dict[int, Proc] = {}
+        if not insecure:
+            self._script("make_certs.sh", "-o", str(self.certs), "-s", self.host, "-n", str(num_keys))
+        self.operator = ExistingSuperLink(
+            self.address, insecure=insecure, root_certificates=None if insecure else self.certs / "ca.crt",
+            connection="celgc", flwr_home=self.root / "operator",
+            command_prefix=netns.prefix(netns.server) if netns else (),
+        )
+
+    # --- processes -------------------------------------------------------------------
+    def _env(self, home: Path) -> dict[str, str]:
+        env = _base_env(home)
+        env[_TAG_VAR] = self.tag
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        return env
+
+    def _script(self, name: str, *args: str, timeout: float = 60) -> str:
+        res = subprocess.run(["bash", str(DEPLOY / name), *args], capture_output=True, text=True, timeout=timeout,
+                             env=self._env(self.root / "operator"))
+        if res.returncode != 0:
+            raise DeployError(f"{name} {' '.join(args)} exited {res.returncode}:\n{res.stdout}{res.stderr}")
+        return res.stdout
+
+    def _start(self, name: str, script: str, args: Sequence[str], ns: str | None) -> Proc:
+        home = self.root / name
+        home.mkdir(parents=True, exist_ok=True)
+        prefix = self.netns.prefix(ns) if self.netns and ns else []
+        proc = Proc(name, [*prefix, "bash", str(DEPLOY / script), *args], cwd=home, env=self._env(home),
+                    log=self.root / f"{name}.log")
+        self.procs.append(proc)
+        return proc
+
+    def start_superlink(self, timeout: float = 60) -> Proc:
+        """start_superlink.sh on ``port`` with a persistent database; waits until it serves."""
+        args = ["--host", "0.0.0.0" if self.netns else self.host, "--port", str(self.port),
+                "--database", str(self.root / "superlink-state.db")]
+        args += ["--insecure"] if self.insecure else ["--certs", str(self.certs)]
+        self.superlink = self._start("superlink", "start_superlink.sh", args, self.netns.server if self.netns else None)
+        self.superlink.wait_for("Uvicorn running on", timeout)
+        return self.superlink
+
+    def register(self, i: int, timeout: float = 60) -> int:
+        """``flwr supernode register supernode-i.pub``; the node id."""
+        data = flwr_json(["supernode", "register", str(self.certs / f"supernode-{i}.pub"), self.operator.connection],
+                         self.operator, timeout)
+        return int(data["node-id"])
+
+    def node_status(self, timeout: float = 60) -> dict[int, str]:
+        data = flwr_json(["supernode", "ls", self.operator.connection], self.operator, timeout)
+        return {int(n["node-id"]): n["status"] for n in data.get("nodes", [])}
+
+    def start_supernode(self, i: int, *, key: int | None = None, partition: int | None = None,
+                        num_partitions: int | None = None, local_data: str | Path | None = None,
+                        extra: Sequence[str] = (), name: str | None = None) -> Proc:
+        """start_supernode.sh for host ``i`` (its own namespace, if any) with key ``key`` (default i)."""
+        args = ["--superlink", self.address, "--port", str(free_port())]
+        if self.insecure:
+            args.append("--insecure")
+        else:
+            args += ["--ca", str(self.certs / "ca.crt"), "--key", str(self.certs / f"supernode-{i if key is None else key}")]
+        if local_data is not None:
+            args += ["--local-data", str(local_data)]
+        if partition is not None:
+            args += ["--partition", str(partition)]
+        if num_partitions is not None:
+            args += ["--num-partitions", str(num_partitions)]
+        if extra:
+            args += ["--", *extra]
+        proc = self._start(name or f"supernode-{i}", "start_supernode.sh", args,
+                           self.netns.clients[i] if self.netns else None)
+        self.nodes[i] = proc
+        return proc
+
+    def submit(self, run_config: Mapping[str, Any] | Sequence[str], timeout: float = 300,
+               app: Path = REPO) -> tuple[int, str, dict]:
+        """submit.sh: (exit status, output, the run's final record or {})."""
+        cmd = [*self.operator.command_prefix, "bash", str(DEPLOY / "submit.sh"), "--app", str(app),
+               "--connection", self.operator.connection, "--timeout", str(int(timeout)), "--poll", "1",
+               "--run-config", " ".join(format_overrides(run_config))]
+        env = self._env(self.operator.home)
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 90, env=env,
+                                 cwd=self.operator.home, start_new_session=True)
+        except subprocess.TimeoutExpired as exc:
+            raise DeployError(f"submit.sh did not return within {timeout + 90:g} s") from exc
+        record: dict = {}
+        for line in reversed(res.stdout.splitlines()):
+            if line.startswith("{"):
+                record = json.loads(line)
+                break
+        return res.returncode, res.stdout + res.stderr, record
+
+    def stop(self) -> None:
+        """Stop every process started here (newest first), then whatever still carries the tag."""
+        for proc in reversed(self.procs):
+            proc.stop()
+        left = _tagged_or_descendant_pids(None, self.tag)
+        _signal_pids(left, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while _alive(left) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def leftover(self) -> dict[int, int]:
+        """Live processes still carrying this deployment's tag (should be none after stop)."""
+        return _tagged_or_descendant_pids(None, self.tag)
+
+    def __enter__(self) -> Deployment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m server.deploy.local",
+        description="A secure deployment on this machine: certificates, a SuperLink with TLS and SuperNode "
+                    "authentication, N registered SuperNodes, one run checked for success.")
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--run-config", default="num-rounds=3 local-steps=4", help="overrides, TOML k=v")
+    parser.add_argument("--keep", help="keep the deployment's files in this folder")
+    parser.add_argument("--timeout", type=float, default=900)
+    ns = parser.parse_args(argv)
+    root = Path(ns.keep) if ns.keep else Path(tempfile.mkdtemp(prefix="celgc-deploy-"))
+    overrides = [f"num-clients={ns.nodes}", f"results-dir='{root / 'results'}'", "run-name='demo'", ns.run_config]
+    try:
+        with Deployment(root, num_keys=ns.nodes) as d:
+            d.start_superlink()
+            for i in range(ns.nodes):
+                d.register(i)
+                d.start_supernode(i, partition=i, num_partitions=ns.nodes)
+            code, out, _ = d.submit(overrides, ns.timeout)
+            print(out)
+            return code
+    finally:
+        if not ns.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

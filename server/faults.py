@@ -1,0 +1,148 @@
+"""Fault tolerance on the server side: a Grid that records who failed and never waits forever.
+
+A client host that dies or hangs mid-round must not stop the run. ``WatchedGrid`` wraps the
+Grid a ServerApp receives and is what the strategy talks to:
+
+* ``send_and_receive`` pushes a round's messages with TTL = the round timeout (a node that
+  comes back later does not work through rounds that are over), collects replies until all
+  arrived or the timeout passed, and records every destination without a sound reply --
+  an error reply (the ClientApp raised, or the SuperLink reports the node unavailable) or
+  none within the timeout -- as failed, with the reason. Replies come back sorted by
+  partition id, so the strategy's floating-point mean does not depend on arrival order.
+* ``get_node_ids`` raises ``NotEnoughNodes`` once fewer than ``min_nodes`` nodes have been
+  online for ``node_wait`` seconds (Flower's ``sample_nodes`` would otherwise wait forever).
+* ``take_failures()`` returns and clears what failed since the last call, with nodes named
+  by partition id where known (from the federation check or from their train replies), so a
+  node that rejoins under a new node id is still "partition 1".
+
+Whether a round with failures may proceed (``min-replies``) is decided by the ServerApp.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from logging import WARNING
+
+from flwr.app import Message, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore import log
+from flwr.supercore.run import Run
+
+
+class NotEnoughNodes(RuntimeError):
+    """Fewer nodes than a round needs stayed online for longer than node-wait."""
+
+
+class WatchedGrid(Grid):
+    """Delegating Grid with per-round failure records, message TTL and bounded node waits."""
+
+    def __init__(self, grid: Grid, *, min_nodes: int, node_wait: float, poll: float = 0.5) -> None:
+        if min_nodes < 1 or node_wait <= 0 or poll <= 0:
+            raise ValueError(f"min_nodes >= 1, node_wait > 0 and poll > 0 required, got {min_nodes}, {node_wait}, {poll}")
+        self.inner = grid
+        self.min_nodes = min_nodes
+        self.node_wait = node_wait
+        self.poll = poll
+        self.partition_of: dict[int, int] = {}  # node id -> partition id
+        self._failures: dict[int | str, str] = {}  # partition id (or "node <id>") -> reason
+        self._short_since: float | None = None
+
+    # --- delegation -----------------------------------------------------------------
+    def set_run(self, run: Run) -> None:
+        self.inner.set_run(run)
+
+    @property
+    def run(self) -> Run:
+        return self.inner.run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:
+        return self.inner.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self.inner.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self.inner.pull_messages(message_ids)
+
+    # --- watched behaviour ------------------------------------------------------------
+    def get_node_ids(self) -> Iterable[int]:
+        nodes = list(self.inner.get_node_ids())
+        if len(nodes) >= self.min_nodes:
+            self._short_since = None
+            return nodes
+        now = time.monotonic()
+        if self._short_since is None:
+            self._short_since = now
+        elif now - self._short_since > self.node_wait:
+            raise NotEnoughNodes(
+                f"only {len(nodes)} node(s) online for {self.node_wait:g} s (node-wait), a round needs "
+                f"{self.min_nodes} (min-replies); failed so far: {self.describe(self._failures) or 'none'}"
+            )
+        return nodes
+
+    def label(self, node_id: int) -> int | str:
+        """The node's partition id when known, else "node <id>"."""
+        pid = self.partition_of.get(node_id)
+        return pid if pid is not None else f"node {node_id}"
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        messages = list(messages)
+        if not messages:
+            return []
+        if timeout is not None:
+            for msg in messages:
+                msg.metadata.ttl = float(timeout)
+        dst = [m.metadata.dst_node_id for m in messages]
+        ids = list(self.inner.push_messages(messages))
+        pending = {mid: node for mid, node in zip(ids, dst, strict=True) if mid}
+        for mid, node in zip(ids, dst, strict=True):
+            if not mid:
+                self._fail(node, "the SuperLink did not accept the message")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        replies: list[tuple[int, Message]] = []
+        while pending:
+            for reply in self.inner.pull_messages(list(pending)):
+                node = pending.pop(reply.metadata.reply_to_message_id, None)
+                if node is None:
+                    continue
+                if reply.has_error():
+                    self._fail(node, reply.error.reason or f"error code {reply.error.code}")
+                else:
+                    self._learn(node, reply)
+                replies.append((node, reply))
+            if not pending or (deadline is not None and time.monotonic() >= deadline):
+                break
+            time.sleep(self.poll if deadline is None else max(0.0, min(self.poll, deadline - time.monotonic())))
+        for node in pending.values():
+            self._fail(node, f"no reply within round-timeout ({timeout:g} s)")
+        # Canonical order (partition id, then node id), not arrival order: a floating-point
+        # mean of 3+ clients depends on the order of its terms, and a run must not.
+        replies.sort(key=lambda nr: (nr[0] not in self.partition_of, self.partition_of.get(nr[0], 0), nr[0]))
+        return [reply for _, reply in replies]
+
+    def take_failures(self) -> dict[int | str, str]:
+        """{partition id or "node <id>": reason} since the last call (and forget them)."""
+        out, self._failures = self._failures, {}
+        return out
+
+    @staticmethod
+    def describe(failures: dict[int | str, str]) -> str:
+        return "; ".join(f"{_name(k)}: {reason}" for k, reason in failures.items())
+
+    def _fail(self, node: int, reason: str) -> None:
+        label = self.label(node)
+        self._failures[label] = reason
+        log(WARNING, "%s failed: %s", _name(label), reason)
+
+    def _learn(self, node: int, reply: Message) -> None:
+        for record in reply.content.metric_records.values():
+            pid = record.get("partition-id")
+            if isinstance(pid, int) and not isinstance(pid, bool):
+                self.partition_of[node] = pid
+                return
+
+
+def _name(label: int | str) -> str:
+    return f"partition {label}" if isinstance(label, int) else label

@@ -1,0 +1,316 @@
+"""The engine loop and its command line: the same runs as the Flower path, without messaging.
+
+    python -m simulations.engine --config pyproject.toml --run-config "num-rounds=50 local-steps=8"
+    torchrun --nproc-per-node=4 -m simulations.engine --run-config "engine-cuda-graphs=true"
+    torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 -m simulations.engine
+
+Same config keys, partitions (``client.local_round.partitions``), minibatches
+(``task.round_batches``), initial model, schedule (``strategies.schedule``), local step
+(``clipped_sgd_step``), averaging (``strategies.averaging.finalize`` semantics) and results
+file (``server.results.ResultsWriter``, the Flower path's row keys) as ``flwr run``: for the
+same seed the global model matches the Flower path's to float rounding. Each process runs a
+balanced block of clients (``distributed.shard``); a round ends with ONE all-reduce. Process 0
+evaluates, shows progress and writes the results. Nothing here imports flwr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from client.local_round import cached_task, partitions, pick_device
+from client.update import StepConfig, clipped_sgd_step, grad_norm
+from server.results import ResultsWriter, save_weights
+from simulations.config import RunConfig
+from strategies.averaging import state_nbytes
+from strategies.schedule import decay_factor, global_epoch
+
+from .aggregate import COLUMNS, ClientMetrics, average_round
+from .distributed import World, close_world, init_world, shard
+from .options import EngineOptions, parse_overrides, split_engine_keys
+from .progress import RoundProgress
+from .sequential import SequentialClients
+from .vectorised import VmapClients, default_count
+
+log = logging.getLogger("simulations.engine")
+
+
+def initial_model(task: Any, seed: int) -> torch.nn.Module:
+    """The task's model initialised from ``seed`` without touching the global RNG state.
+
+    The same construction as ``server.app.initial_model`` (a test checks they agree); kept
+    here because ``server.app`` imports flwr.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return task.build_model()
+
+
+def run_name(cfg: RunConfig) -> str:
+    """The results sub-folder, named as ``server.app.run_name`` names it."""
+    return cfg.run_name or f"{cfg.task}-{cfg.algorithm}-I{cfg.local_steps}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def round_hparams(cfg: RunConfig, server_round: int, train_size: int) -> tuple[float, float]:
+    """(lr, clip) of a round: the paper's schedule on global epochs done before it."""
+    epoch = global_epoch(server_round - 1, cfg.num_clients, local_steps(cfg), cfg.batch_size, train_size)
+    factor = decay_factor(epoch, cfg.lr_milestones, cfg.lr_decay)
+    return cfg.lr * factor, cfg.clip * factor
+
+
+def local_steps(cfg: RunConfig) -> int:
+    return 1 if cfg.algorithm == "naive" else cfg.local_steps
+
+
+def engine_device(cfg: RunConfig, world: World) -> torch.device:
+    device = pick_device(cfg.device)
+    if device.type == "cuda":
+        index = world.local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return device
+
+
+@dataclass
+class EngineResult:
+    state: dict[str, Tensor]
+    rows: list[dict[str, Any]]
+    path: str
+    clients: range
+    folder: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class Engine:
+    """One process's share of a run: its clients, the global model, the round loop."""
+
+    def __init__(self, cfg: RunConfig, options: EngineOptions, world: World, task: Any = None,
+                 parts: Sequence[np.ndarray] | None = None) -> None:
+        self.cfg, self.options, self.world = cfg, options, world
+        self.device = engine_device(cfg, world)
+        self.task = task if task is not None else cached_task(cfg)
+        self.parts = list(parts if parts is not None else partitions(cfg))
+        if len(self.parts) != cfg.num_clients:
+            raise ValueError(f"{len(self.parts)} partitions for num-clients={cfg.num_clients}")
+        self.clients = shard(cfg.num_clients, world.size, world.rank)
+        self.model = initial_model(self.task, cfg.seed).to(self.device)
+        self.state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.count = getattr(self.task, "count_examples", None) or default_count
+        self.momentum: list[Tensor] | None = None  # naive: the server's heavy-ball buffer
+        self.notes: list[str] = []
+        self.runner = self._choose_runner()
+
+    # --- execution path ----------------------------------------------------------------
+    def _iters(self, server_round: int) -> list[Any]:
+        return [self.task.round_batches(self.parts[pid], seed=self.cfg.seed, partition_id=pid,
+                                        server_round=server_round, local_steps=local_steps(self.cfg),
+                                        batch_size=self.cfg.batch_size, device=self.device)
+                for pid in self.clients]
+
+    def _sequential(self) -> SequentialClients:
+        return SequentialClients(self.task.build_model, self.task.loss, len(self.clients), self.device,
+                                 count=self.count, streams=self.options.streams)
+
+    def _choose_runner(self) -> VmapClients | SequentialClients:
+        o = self.options
+        streams = " on one CUDA stream per client" if self.device.type == "cuda" and o.streams else ""
+        if o.path == "sequential":
+            self.notes.append(f"path: sequential{streams} (engine-path=sequential)")
+            return self._sequential()
+        if o.path == "auto" and getattr(self.model, "engine_vmap", True) is False:
+            self.notes.append(f"path: sequential{streams} ({type(self.model).__name__}.engine_vmap is False)")
+            return self._sequential()
+        template = self.task.build_model().to(self.device)
+        runner = VmapClients(template, self.task.loss, len(self.clients), count=self.count, bf16=o.bf16,
+                             channels_last=o.channels_last, cuda_graphs=o.cuda_graphs, randomness=o.randomness)
+        runner.load(self.state)
+        lr, clip = round_hparams(self.cfg, 1, self.task.train_size)
+        why = runner.probe([next(it) for it in self._iters(1)],
+                           StepConfig(lr=lr, clip=clip, weight_decay=self.cfg.weight_decay,
+                                      momentum=self.cfg.momentum))
+        if why is None:
+            flags = [name for name, on in (("bf16", o.bf16), ("channels-last", o.channels_last),
+                                           ("cuda-graphs", o.cuda_graphs)) if on]
+            self.notes.append(f"path: vmap over {len(self.clients)} clients" + (f" ({', '.join(flags)})" if flags else ""))
+            return runner
+        if o.path == "vmap":
+            raise RuntimeError(f"engine-path=vmap but this model cannot run under torch.func.vmap: {why}")
+        if o.bf16 or o.channels_last or o.cuda_graphs:
+            log.warning("engine-bf16/channels-last/cuda-graphs apply to the vmap path only; ignored")
+        self.notes.append(f"path: sequential{streams} (vmap cannot take {type(self.model).__name__}: {why})")
+        return self._sequential()
+
+    @property
+    def path(self) -> str:
+        return self.runner.path
+
+    # --- rounds ------------------------------------------------------------------------
+    def _seed(self, server_round: int):
+        def seed(i: int, step: int) -> int:
+            pid = self.clients[i]
+            return int(np.random.SeedSequence([self.cfg.seed, server_round, pid, step, 0xE9]).generate_state(1)[0])
+        return seed
+
+    def train_round(self, server_round: int) -> dict[str, float | int]:
+        """One round of all clients (all processes); updates ``self.state``; the round's metrics."""
+        cfg = self.cfg
+        lr, clip = round_hparams(cfg, server_round, self.task.train_size)
+        step = StepConfig(lr=lr, clip=clip, weight_decay=cfg.weight_decay, momentum=cfg.momentum)
+        self.runner.load(self.state)
+        iters = self._iters(server_round)
+        if cfg.algorithm == "naive":
+            return self._naive_round(server_round, iters, step)
+        if isinstance(self.runner, VmapClients):
+            if self.options.cuda_graphs:  # one capture for the run: base values, schedule as a factor
+                base = StepConfig(lr=cfg.lr, clip=cfg.clip, weight_decay=cfg.weight_decay, momentum=cfg.momentum)
+                stats = self.runner.run_round(iters, base, lr_scale=lr / cfg.lr)
+            else:
+                stats = self.runner.run_round(iters, step)
+        else:
+            stats = self.runner.run_round(iters, step, seed=self._seed(server_round))
+        state, metrics = average_round(self.runner.stacked_state(), self.state, ClientMetrics.from_stats(stats),
+                                       aggregation=cfg.aggregation, num_clients=cfg.num_clients, world=self.world)
+        if state is not None:
+            self.state = state
+        return metrics
+
+    def _naive_round(self, server_round: int, iters: list[Any], step: StepConfig) -> dict[str, float | int]:
+        """Naive parallel clipping: average the clients' gradients (and buffers) with the one
+        all-reduce, then ONE clipped step on the shared parameters (as NaiveParallelClip)."""
+        if isinstance(self.runner, VmapClients):
+            grads, loss, scale, examples = self.runner.gradients(iters)
+        else:
+            grads, loss, scale, examples = self.runner.gradients(iters, seed=self._seed(server_round))
+        names = list(grads)
+        stacked = {**self.runner.stacked_state(), **grads}
+        like = dict(self.state)
+        if scale is not None:
+            stacked["lr-scale"] = scale.double()
+            like["lr-scale"] = torch.zeros((), dtype=torch.float64, device=self.device)
+        table = torch.full((loss.shape[0], len(COLUMNS)), float("nan"), dtype=torch.float64, device=self.device)
+        table[:, COLUMNS.index("train-loss")] = loss.double()
+        table[:, COLUMNS.index("grad-norm")] = torch.func.vmap(grad_norm)([grads[k] for k in names]).double()
+        table[:, COLUMNS.index("num-examples")] = examples
+        table[:, COLUMNS.index("num-steps")] = 1.0
+        table[:, COLUMNS.index("skipped-steps")] = 0.0
+        avg, metrics = average_round(stacked, like, ClientMetrics(table), aggregation=self.cfg.aggregation,
+                                     num_clients=self.cfg.num_clients, world=self.world)
+        if "grad-norm" in metrics:
+            metrics["client-grad-norm"] = metrics.pop("grad-norm")
+        if avg is None:
+            return metrics
+        lr_scale = float(avg.pop("lr-scale")) if scale is not None else 1.0
+        params = [self.state[k] for k in names]
+        if self.cfg.momentum > 0 and self.momentum is None:
+            self.momentum = [torch.zeros_like(p) for p in params]
+        new, self.momentum, stats = clipped_sgd_step(params, [avg[k].to(p.dtype) for k, p in zip(names, params)],
+                                                     self.momentum if self.cfg.momentum > 0 else None, step,
+                                                     lr_scale=lr_scale)
+        self.state = {**avg, **dict(zip(names, new, strict=True))}
+        self.state = {k: self.state[k] for k in like if k != "lr-scale"}
+        norm, clipped, skipped = torch.stack([stats["grad-norm"], stats["clipped"], stats["skipped"]]).tolist()
+        metrics.update({"clip-fraction": clipped, "skipped-steps": int(skipped)})
+        if math.isfinite(norm):
+            metrics["grad-norm"] = norm
+        return metrics
+
+    def evaluate(self) -> dict[str, float]:
+        self.model.load_state_dict(self.state)
+        return self.task.evaluate(self.model, self.device)
+
+
+def run_engine(cfg: RunConfig, options: EngineOptions | None = None, *, task: Any = None,
+               parts: Sequence[np.ndarray] | None = None, world: World | None = None, write_results: bool = True,
+               show_progress: bool = True) -> EngineResult:
+    """Run ``cfg`` with the engine; returns the final global state (on every process)."""
+    options = options or EngineOptions()
+    own_world = world is None
+    if world is None:
+        world = init_world(pick_device(cfg.device).type)
+    try:
+        return _run(cfg, options, world, task, parts, write_results, show_progress)
+    finally:
+        if own_world:
+            close_world(world)
+
+
+def _run(cfg: RunConfig, options: EngineOptions, world: World, task: Any, parts: Any, write_results: bool,
+         show_progress: bool) -> EngineResult:
+    engine = Engine(cfg, options, world, task, parts)
+    main = world.is_main
+    model_bytes = state_nbytes(engine.state)
+    train_size = engine.task.train_size
+    writer, folder = None, None
+    if main and write_results:
+        folder = (Path(cfg.results_dir) / run_name(cfg)).resolve()
+        writer = ResultsWriter(folder, cfg.to_mapping(), {
+            "train-size": train_size, "model-bytes": model_bytes, "backend": "engine", "world-size": world.size,
+            "engine": {**options.to_mapping(), "path": engine.path, "device": str(engine.device),
+                       "notes": engine.notes},
+        })
+    rows: list[dict[str, Any]] = []
+    clock = {"start": time.monotonic(), "eval": 0.0}
+    with RoundProgress(cfg.num_rounds, enabled=main and show_progress) as progress:
+        for note in engine.notes:
+            progress.note(f"engine: {note}; {world.size} process(es), clients {engine.clients.start}.."
+                          f"{engine.clients.stop - 1} here, device {engine.device}")
+            log.info("%s", note)
+        for server_round in range(cfg.num_rounds + 1):
+            row: dict[str, Any] = {
+                "round": server_round,
+                "global-epoch": global_epoch(server_round, cfg.num_clients, local_steps(cfg), cfg.batch_size,
+                                             train_size),
+                "communication-rounds": server_round,
+            }
+            if server_round > 0:
+                metrics = engine.train_round(server_round)
+                replies = int(metrics.get("replies", 0))
+                if replies < cfg.required_replies:
+                    raise RuntimeError(f"round {server_round}: {replies} sound replies, {cfg.required_replies} "
+                                       f"required (min-replies); {metrics.get('rejected-replies', 0)} clients had "
+                                       f"non-finite states")
+                row["failed-nodes"] = []  # no messaging: a failing client fails the run
+                lr, clip = round_hparams(cfg, server_round, train_size)
+                row.update({"lr": lr, "clip": clip})
+                row.update({k: metrics.pop(k) for k in ("replies", "rejected-replies", "failed-replies")})
+                row.update({"bytes-sent": model_bytes * cfg.num_clients,
+                            "bytes-received": model_bytes * (replies + int(row["rejected-replies"]))})
+                row.update(metrics)
+            t0 = time.monotonic()
+            if main and (server_round % cfg.eval_every == 0 or server_round == cfg.num_rounds):
+                row.update(engine.evaluate())
+            clock["eval"] += time.monotonic() - t0
+            row["wall-clock"] = time.monotonic() - clock["start"] - clock["eval"]
+            rows.append(row)
+            if writer is not None:
+                writer.row(row)
+            progress.update(row)
+    if folder is not None:
+        save_weights(engine.state, folder / "model.pt")
+        progress.note(f"engine: results: {folder / 'results.jsonl'}")
+    return EngineResult(engine.state, rows, engine.path, engine.clients, folder, engine.notes)
+
+
+def main(argv: Sequence[str] | None = None) -> EngineResult:
+    parser = argparse.ArgumentParser(prog="python -m simulations.engine", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="pyproject.toml", help="pyproject.toml or a flat TOML file of run keys")
+    parser.add_argument("--run-config", action="append", default=[], metavar="'k=v ...'",
+                        help="overrides as for flwr run (repeatable; a .toml file of keys also works); "
+                             "engine-* keys choose the execution path and switches")
+    parser.add_argument("--quiet", action="store_true", help="no progress display")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    run_keys, engine_keys = split_engine_keys(parse_overrides(args.run_config))
+    cfg = RunConfig.from_toml(args.config, run_keys)
+    return run_engine(cfg, EngineOptions.from_mapping(engine_keys), show_progress=not args.quiet)

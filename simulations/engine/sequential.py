@@ -1,0 +1,149 @@
+"""Clients one model each, stepped one after another: the path for models vmap cannot take.
+
+``nn.LSTM`` (cuDNN) has no vmap batching rule and random layers (dropout) cannot be drawn
+per client under vmap's default ``randomness="error"``, so such models run here: each client
+has its own ``nn.Module`` and takes its steps with autograd and ``clipped_sgd_step``, the
+body of ``client.update.local_update`` without its per-round host sync. On CUDA every client
+runs on its own stream, the steps interleaved client by client, so independent clients
+overlap on the GPU; nothing reads back to the host inside the round.
+
+Random layers draw from the device's default generator, reseeded before every step of every
+client from (seed, round, partition id, step) inside ``torch.random.fork_rng`` (tasks that
+seed their own dropout, like the language task, override it), so dropout masks depend on
+none of: the order of clients, the streams, the number of processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from client.update import RoundStats, StepConfig, clipped_sgd_step
+
+from .vectorised import Count, LossFn, default_count
+
+Seed = Callable[[int, int], int]  # (client index, step) -> seed of that step's random ops
+
+
+class SequentialClients:
+    """``n`` clients, one ``nn.Module`` each (built by ``build_model``) on ``device``."""
+
+    path = "sequential"
+
+    def __init__(self, build_model: Callable[[], nn.Module], loss_fn: LossFn, n: int, device: torch.device, *,
+                 count: Count = default_count, streams: bool = True) -> None:
+        if n < 1:
+            raise ValueError(f"n must be >= 1 clients, got {n}")
+        self.models = [build_model().to(device) for _ in range(n)]
+        self.loss_fn = loss_fn
+        self.count = count
+        self.device = device
+        self.keys = list(self.models[0].state_dict())
+        self.trainable = [k for k, p in self.models[0].named_parameters() if p.requires_grad]
+        cuda = device.type == "cuda"
+        index = device.index if device.index is not None else (torch.cuda.current_device() if cuda else 0)
+        self._generator = torch.cuda.default_generators[index] if cuda else torch.default_generator
+        use_streams = streams and cuda and n > 1
+        self.streams = [torch.cuda.Stream(device) for _ in range(n)] if use_streams else None
+
+    @property
+    def n(self) -> int:
+        return len(self.models)
+
+    def load(self, state: Mapping[str, Tensor]) -> None:
+        for model in self.models:
+            model.load_state_dict(state)
+
+    def stacked_state(self) -> dict[str, Tensor]:
+        states = [m.state_dict() for m in self.models]
+        return {k: torch.stack([s[k].detach() for s in states]) for k in self.keys}
+
+    @contextlib.contextmanager
+    def _round(self):
+        """Fork the RNG (reseeded per step) and, on CUDA, fan out to / join the streams."""
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            if self.streams is None:
+                yield
+                return
+            main = torch.cuda.current_stream(self.device)
+            for s in self.streams:
+                s.wait_stream(main)
+            yield
+            for s in self.streams:
+                main.wait_stream(s)
+
+    def _on(self, i: int):
+        return torch.cuda.stream(self.streams[i]) if self.streams is not None else contextlib.nullcontext()
+
+    def run_round(self, iters: list[Iterator[Any]], cfg: StepConfig, seed: Seed | None = None) -> list[RoundStats]:
+        """All local steps of one round (step-major: every client's step s, then s + 1)."""
+        if len(iters) != self.n:
+            raise ValueError(f"{len(iters)} batch streams for {self.n} clients")
+        params = [[p for p in m.parameters() if p.requires_grad] for m in self.models]
+        bufs: list[list[Tensor] | None] = [
+            [torch.zeros_like(p) for p in ps] if cfg.momentum > 0 else None for ps in params]
+        totals = [RoundStats.zeros(self.device) for _ in self.models]
+        with self._round():
+            for m in self.models:
+                m.train()
+            step = 0
+            live = True
+            while live:
+                for i, model in enumerate(self.models):
+                    with self._on(i):
+                        batch = next(iters[i], None)
+                        if batch is None:
+                            live = False
+                            continue
+                        if seed is not None:
+                            self._generator.manual_seed(seed(i, step))
+                        for p in params[i]:
+                            p.grad = None
+                        loss = self.loss_fn(model, batch)
+                        loss.backward()
+                        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params[i]]
+                        with torch.no_grad():
+                            scale = getattr(batch, "lr_scale", 1.0)
+                            new, bufs[i], stats = clipped_sgd_step(params[i], grads, bufs[i], cfg, lr_scale=scale)
+                            torch._foreach_copy_(params[i], new)
+                        totals[i].add(loss, stats, self.count(batch))
+                step += 1
+            for ps in params:
+                for p in ps:
+                    p.grad = None
+        return totals
+
+    def gradients(self, iters: list[Iterator[Any]], seed: Seed | None = None,
+                  ) -> tuple[dict[str, Tensor], Tensor, Tensor | None, Tensor]:
+        """Each client's gradient on its next batch (naive parallel clipping), stacked:
+        (grads, loss [n], per-client lr_scale or None, examples [n]); the models keep the
+        buffers their forward pass updated."""
+        grads, losses, scales, examples = [], [], [], []
+        with self._round():
+            for i, model in enumerate(self.models):
+                with self._on(i):
+                    batch = next(iters[i])
+                    if seed is not None:
+                        self._generator.manual_seed(seed(i, 0))
+                    model.train()
+                    named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
+                    for _, p in named:
+                        p.grad = None
+                    loss = self.loss_fn(model, batch)
+                    loss.backward()
+                    grads.append({k: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+                                  for k, p in named})
+                    for _, p in named:
+                        p.grad = None
+                    losses.append(loss.detach().float())
+                    scales.append(getattr(batch, "lr_scale", None))
+                    examples.append(float(self.count(batch)))
+        stacked = {k: torch.stack([g[k] for g in grads]) for k in self.trainable}
+        scale = None if all(s is None for s in scales) else torch.tensor(
+            [1.0 if s is None else float(s) for s in scales], device=self.device)
+        return stacked, torch.stack(losses), scale, torch.tensor(examples, dtype=torch.float64, device=self.device)

@@ -1,0 +1,39 @@
+"""Shared by tests/test_deploy_*.py: the run config of deployed test runs and the
+in-process reference (the real ServerApp and ClientApp on the loopback grid: the code
+path of a simulation, without Ray) they must match bit for bit."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from client.app import app as client_app
+from loopback_grid import LoopbackGrid, run_server_app
+from server.app import app as server_app
+from server.results import load_weights
+from simulations.config import RunConfig
+
+# Small and fast: a round costs ~10-15 s of Flower process spawning on 2 cores anyway.
+DEPLOY_CONFIG = {"num-clients": 2, "num-rounds": 2, "local-steps": 2, "batch-size": 16, "device": "cpu",
+                 "node-wait": 60.0, "round-timeout": 90.0}
+
+needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
+
+
+def reference_run(folder: Path, **overrides) -> Path:
+    """The in-process run of DEPLOY_CONFIG (+ overrides); its results folder."""
+    values = {**RunConfig().to_mapping(), **DEPLOY_CONFIG, "results-dir": str(folder), "run-name": "reference",
+              **overrides}
+    grid = LoopbackGrid(client_app, values, values["num-clients"])
+    run_server_app(server_app, grid)
+    return folder / "reference"
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = load_weights(a / "model.pt"), load_weights(b / "model.pt")
+    assert list(wa) == list(wb)
+    different = [k for k in wa if not torch.equal(wa[k], wb[k])]
+    assert not different, f"weights differ in {different}"

@@ -1,0 +1,105 @@
+"""Processes: balanced sharding, 1 process == 2 gloo processes (torchrun), the engine with flwr
+unimportable, and the command line."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from server.results import load_weights, read_results
+from simulations.config import RunConfig
+from simulations.engine import Engine, EngineOptions, run_engine
+from simulations.engine.distributed import World, shard
+from simulations.engine.options import parse_overrides, split_engine_keys
+
+ROOT = Path(__file__).resolve().parents[1]
+ROW_KEYS = ["kind", "round", "global-epoch", "communication-rounds", "failed-nodes", "lr", "clip", "replies",
+            "rejected-replies", "failed-replies", "bytes-sent", "bytes-received", "train-loss", "clip-fraction",
+            "grad-norm", "num-examples", "num-steps", "skipped-steps", "test-loss", "test-accuracy", "wall-clock"]
+
+
+def test_shards_are_balanced_contiguous_and_cover_every_client():
+    assert [list(shard(8, 3, r)) for r in range(3)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    for n in range(1, 13):
+        for k in range(1, n + 1):
+            blocks = [shard(n, k, r) for r in range(k)]
+            assert [c for b in blocks for c in b] == list(range(n))
+            assert max(map(len, blocks)) - min(map(len, blocks)) <= 1
+
+
+def test_more_processes_than_clients_fails_naming_both():
+    with pytest.raises(ValueError, match=r"3 processes but only 2 clients \(num-clients=2\)"):
+        shard(2, 3, 0)
+    cfg = RunConfig.from_mapping({"num-clients": 2, "device": "cpu"})
+    with pytest.raises(ValueError, match="3 processes but only 2 clients"):
+        Engine(cfg, EngineOptions(), World(rank=1, size=3))
+
+
+def run(cmd, timeout=240):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_two_gloo_processes_give_the_one_process_result(tmp_path):
+    """3 clients on 2 processes (2 + 1, unbalanced on purpose) vs all 3 in one process."""
+    keys = {"num-clients": 3, "num-rounds": 2, "local-steps": 3, "batch-size": 16, "device": "cpu",
+            "results-dir": str(tmp_path)}
+    overrides = " ".join(f"{k}={v}" for k, v in keys.items())
+    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+         "simulations.engine", "--config", str(ROOT / "pyproject.toml"), "--quiet",
+         "--run-config", f"{overrides} run-name=two"])
+    one = run_engine(RunConfig.from_mapping({**keys, "run-name": "one"}), show_progress=False)
+    two = load_weights(tmp_path / "two" / "model.pt")
+    for key, value in one.state.items():
+        assert two[key].dtype == value.dtype
+        assert torch.allclose(two[key].double(), value.double(), atol=1e-6, rtol=0), key
+    header, rows = read_results(tmp_path / "two" / "results.jsonl")
+    assert header["world-size"] == 2 and header["backend"] == "engine"
+    _, one_rows = read_results(tmp_path / "one" / "results.jsonl")
+    assert [list(r) for r in rows] == [list(r) for r in one_rows]
+    assert rows[-1]["replies"] == 3 and rows[-1]["num-steps"] == 9
+    assert rows[-1]["train-loss"] == pytest.approx(one_rows[-1]["train-loss"], rel=1e-6)
+
+
+def test_engine_runs_where_flwr_cannot_be_imported(tmp_path):
+    """The engine's whole import chain is flwr-free: run the CLI with flwr made unimportable."""
+    code = (
+        "import sys; sys.modules['flwr'] = None\n"
+        "from simulations.engine.run import main\n"
+        f"main(['--config', {str(ROOT / 'pyproject.toml')!r}, '--run-config', "
+        f"'num-rounds=2 local-steps=2 num-clients=3 batch-size=16 device=cpu results-dir={tmp_path} run-name=noflwr', "
+        "'--run-config', 'engine-path=sequential'])\n"
+        "assert sys.modules['flwr'] is None and not any(m.startswith('flwr.') for m in sys.modules)\n"
+        "print('ENGINE-OK')\n"
+    )
+    proc = run([sys.executable, "-c", code])
+    assert "ENGINE-OK" in proc.stdout
+    assert "path: sequential" in proc.stderr  # the progress display says which path ran
+    header, rows = read_results(tmp_path / "noflwr" / "results.jsonl")
+    assert header["backend"] == "engine" and header["engine"]["path"] == "sequential"
+    assert header["versions"]["torch"] == torch.__version__
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    assert list(rows[-1]) == ROW_KEYS
+    assert (tmp_path / "noflwr" / "model.pt").is_file()
+
+
+def test_run_config_overrides_parse_like_flwr_run():
+    values = parse_overrides(["lr=0.1 num-rounds=3 clip=off run-name='a b' lr-milestones=\"80,120\"",
+                              "engine-bf16=true download=false"])
+    assert values == {"lr": 0.1, "num-rounds": 3, "clip": "off", "run-name": "a b", "lr-milestones": "80,120",
+                      "engine-bf16": True, "download": False}
+    run_keys, engine_keys = split_engine_keys(values)
+    cfg = RunConfig.from_mapping(run_keys)
+    assert cfg.lr_milestones == (80.0, 120.0) and not cfg.clipping and cfg.run_name == "a b"
+    assert EngineOptions.from_mapping(engine_keys).bf16 is True
+    with pytest.raises(ValueError, match="unknown engine key"):
+        EngineOptions.from_mapping({"engine-fast": True})
+    with pytest.raises(ValueError, match="engine-path must be one of auto, vmap, sequential"):
+        EngineOptions(path="gpu")
+    with pytest.raises(ValueError, match="key=value"):
+        parse_overrides(["lr"])

@@ -1,0 +1,266 @@
+"""The engine's paths against one client at a time (``client.update.local_update``), its
+averaging against ``strategies.averaging``, naive parallel clipping against one machine at
+batch N*b, and the fallback for models vmap cannot take (nn.LSTM). No flwr needed."""
+
+import copy
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from client.sampling import round_batches
+from client.update import RoundStats, StepConfig, clipped_sgd_step, local_update
+from simulations.config import RunConfig
+from simulations.engine import EngineOptions, run_engine
+from simulations.engine.aggregate import ClientMetrics, average_round
+from simulations.engine.distributed import World
+from simulations.engine.sequential import SequentialClients
+from simulations.engine.vectorised import VmapClients
+from simulations.partition import partition
+from strategies.averaging import average_states, client_weights
+from tasks.classification import ClassificationTask
+from tasks.digits import DigitsCNN, digits_task
+
+N, STEPS, B = 4, 3, 16
+WEIGHTS = (0.1, 0.5, 1.0, 3.0)  # loss weights: very different gradient norms -> per-client clipping differs
+
+
+def client_batches(task, k):
+    g = torch.Generator().manual_seed(100 + k)
+    idx = torch.randint(0, task.train_size, (STEPS, B), generator=g)
+    return [(task.train_x[i], task.train_y[i], torch.tensor(WEIGHTS[k])) for i in idx]
+
+
+def weighted_loss(model, batch):
+    x, y, w = batch
+    return nn.functional.cross_entropy(model(x), y) * w
+
+
+def reference(model, task, cfg):
+    """One client at a time through local_update: (states, metrics)."""
+    states, metrics = [], []
+    for k in range(N):
+        m = copy.deepcopy(model)
+        metrics.append(local_update(m, client_batches(task, k), weighted_loss, cfg))
+        states.append(m.state_dict())
+    return states, metrics
+
+
+@pytest.mark.parametrize("wd, mu", [(0.0, 0.0), (1e-3, 0.9)])
+def test_vmap_equals_one_client_at_a_time(wd, mu):
+    task = digits_task()
+    torch.manual_seed(0)
+    model = DigitsCNN()
+    cfg = StepConfig(lr=0.3, clip=1.5, weight_decay=wd, momentum=mu)
+    states, metrics = reference(model, task, cfg)
+    clients = VmapClients(copy.deepcopy(model), weighted_loss, N)
+    clients.load(model.state_dict())
+    totals = clients.run_round([iter(client_batches(task, k)) for k in range(N)], cfg)
+    stacked = clients.stacked_state()
+    for k in range(N):
+        for key, ref in states[k].items():  # parameters, running_mean/var, num_batches_tracked
+            assert stacked[key][k].dtype == ref.dtype
+            assert torch.allclose(stacked[key][k].double(), ref.double(), atol=1e-5, rtol=0), (k, key)
+    assert int(stacked["features.1.num_batches_tracked"][0]) == STEPS
+    table = ClientMetrics.from_stats(totals)
+    for k, m in enumerate(metrics):
+        assert table.column("clip-fraction")[k].item() == m["clip-fraction"]
+        assert table.column("grad-norm")[k].item() == pytest.approx(m["grad-norm"], rel=1e-5)
+        assert table.column("train-loss")[k].item() == pytest.approx(m["train-loss"], rel=1e-5)
+        assert table.column("num-examples")[k].item() == m["num-examples"] == STEPS * B
+    fractions = {m["clip-fraction"] for m in metrics}
+    assert 0.0 in fractions and 1.0 in fractions  # the test exercises per-client clipping both ways
+
+
+def test_sequential_path_is_local_update_bit_for_bit():
+    task = digits_task()
+    torch.manual_seed(1)
+    model = DigitsCNN()
+    cfg = StepConfig(lr=0.3, clip=1.5, weight_decay=1e-3, momentum=0.5)
+    states, metrics = reference(model, task, cfg)
+    clients = SequentialClients(lambda: copy.deepcopy(model), weighted_loss, N, torch.device("cpu"))
+    clients.load(model.state_dict())
+    totals = clients.run_round([iter(client_batches(task, k)) for k in range(N)], cfg)
+    stacked = clients.stacked_state()
+    for k in range(N):
+        assert all(torch.equal(stacked[key][k], ref) for key, ref in states[k].items())
+        assert totals[k].as_metrics() == metrics[k]
+
+
+def test_bf16_and_channels_last_against_fp32():
+    task = digits_task()
+    torch.manual_seed(2)
+    model = DigitsCNN()
+    cfg = StepConfig(lr=0.1, clip=math.inf)
+    out, loss = {}, {}
+    for name, kw in {"fp32": {}, "bf16": {"bf16": True}, "cl": {"channels_last": True}}.items():
+        clients = VmapClients(copy.deepcopy(model), weighted_loss, N, **kw)
+        clients.load(model.state_dict())
+        loss[name] = clients.run_round([iter(client_batches(task, k)[:2]) for k in range(N)], cfg).loss_sum
+        out[name] = clients.stacked_state()
+    init = model.state_dict()
+    err = ref = 0.0
+    for key, value in out["fp32"].items():
+        assert torch.allclose(out["cl"][key].double(), value.double(), atol=1e-4, rtol=0), key  # other conv kernels
+        assert out["bf16"][key].dtype == value.dtype, key  # the update stays fp32
+        if value.is_floating_point():
+            step = value.double() - init[key].double()
+            err += (out["bf16"][key].double() - init[key].double() - step).square().sum().item()
+            ref += step.square().sum().item()
+    assert math.sqrt(err / ref) < 0.1  # bf16 forward/backward: the update within 10% of fp32's
+    assert torch.allclose(loss["bf16"], loss["fp32"], rtol=1e-2)
+
+
+def test_average_round_is_strategies_averaging_and_rejects_nonfinite():
+    g = torch.Generator().manual_seed(0)
+    like = {"w": torch.zeros(3, 2), "bn.mean": torch.zeros(2), "bn.n": torch.zeros((), dtype=torch.int64)}
+    states = [{"w": torch.randn(3, 2, generator=g), "bn.mean": torch.randn(2, generator=g),
+               "bn.n": torch.tensor(k + 2)} for k in range(4)]
+    states[2]["w"][0, 0] = float("nan")  # rejected, as check_state rejects a non-finite reply
+    stacked = {k: torch.stack([s[k] for s in states]) for k in like}
+    stats = []
+    for k in range(4):
+        s = RoundStats.zeros("cpu")
+        for step in range(2):
+            s.add(torch.tensor(1.0 + k), {"grad-norm": torch.tensor(2.0 + step), "clipped": torch.tensor(float(k % 2)),
+                                          "skipped": torch.tensor(0.0)}, 8 * (k + 1))
+        stats.append(s)
+    for aggregation in ("uniform", "examples"):
+        avg, metrics = average_round(stacked, like, ClientMetrics.from_stats(stats), aggregation=aggregation,
+                                     num_clients=4, world=World())
+        sound = [0, 1, 3]
+        ref = average_states([states[k] for k in sound],
+                             client_weights([stats[k].examples for k in sound], aggregation))
+        for key in like:
+            assert avg[key].dtype == like[key].dtype
+            assert torch.allclose(avg[key].double(), ref[key].double(), atol=1e-7), key
+        assert metrics["replies"] == 3 and metrics["rejected-replies"] == 1
+        assert metrics["num-examples"] == 2 * 8 * (1 + 2 + 4) and metrics["num-steps"] == 6
+        assert metrics["train-loss"] == pytest.approx((1 + 2 + 4) / 3)
+        assert metrics["clip-fraction"] == pytest.approx(2 / 3) and metrics["grad-norm"] == pytest.approx(2.5)
+    assert avg["bn.n"].item() == round((16 * 2 + 32 * 3 + 64 * 5) / 112)  # integer buffer: rounded mean
+
+
+def mlp():
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 24), nn.Tanh(), nn.Linear(24, 10))
+
+
+@pytest.mark.parametrize("path", ["vmap", "sequential"])
+@pytest.mark.parametrize("clip, momentum", [(0.5, 0.0), ("off", 0.5)])
+def test_naive_equals_one_machine_at_batch_n_b(path, clip, momentum):
+    """N clients x batch b, gradients averaged, one clipped step == clipped SGD at batch N*b
+    on the union of the same samples (a BatchNorm-free model: no batch statistics)."""
+    n, b, rounds = 4, 8, 5
+    task = dataclasses.replace(digits_task(), build_model=mlp)
+    cfg = RunConfig.from_mapping({"algorithm": "naive", "local-steps": 1, "num-clients": n, "batch-size": b,
+                                  "num-rounds": rounds, "lr": 0.5, "clip": clip, "momentum": momentum,
+                                  "weight-decay": 1e-3, "device": "cpu", "eval-every": rounds})
+    parts = partition(task.labels, n, "homogeneous", cfg.seed)
+    result = run_engine(cfg, EngineOptions(path=path), task=task, parts=parts, write_results=False,
+                        show_progress=False)
+    assert result.path == path
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = mlp()
+    params = list(model.parameters())
+    step = StepConfig(lr=0.5, clip=cfg.clip, weight_decay=1e-3, momentum=momentum)
+    bufs = [torch.zeros_like(p) for p in params] if momentum else None
+    clipped = 0
+    for r in range(1, rounds + 1):
+        idx = torch.cat([torch.from_numpy(round_batches(parts[i], seed=cfg.seed, partition_id=i, server_round=r,
+                                                        local_steps=1, batch_size=b)[0]) for i in range(n)])
+        loss = nn.functional.cross_entropy(model(task.train_x[idx]), task.train_y[idx])
+        with torch.no_grad():
+            new, bufs, stats = clipped_sgd_step(params, list(torch.autograd.grad(loss, params)), bufs, step)
+            torch._foreach_copy_(params, new)
+        clipped += int(stats["clipped"])
+    for key, value in model.state_dict().items():
+        assert torch.allclose(result.state[key], value, atol=1e-6, rtol=1e-5), key
+    assert sum(row["clip-fraction"] for row in result.rows[1:]) == clipped
+    assert clipped == 0 if clip == "off" else clipped > 0
+
+
+class TinyLSTM(nn.Module):
+    def __init__(self, vocab=12, dim=6):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.lstm = nn.LSTM(dim, dim)
+        self.out = nn.Linear(dim, vocab)
+
+    def forward(self, x):
+        h, _ = self.lstm(self.emb(x))
+        return self.out(h)
+
+
+@dataclasses.dataclass
+class TinyTextTask:
+    """Next-token prediction on random streams: a task object as the engine sees one."""
+
+    streams: list
+    train_size: int = 400
+
+    @staticmethod
+    def build_model():
+        return TinyLSTM()
+
+    def round_batches(self, partition, *, seed, partition_id, server_round, local_steps, batch_size, device):
+        g = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, partition_id, server_round]).generate_state(1)[0]))
+        for _ in range(local_steps):
+            start = torch.randint(0, len(partition) - 9, (batch_size,), generator=g)
+            rows = torch.stack([partition[s : s + 9] for s in start.tolist()], 1).to(device)  # [T+1, B]
+            yield rows[:-1], rows[1:]
+
+    @staticmethod
+    def loss(model, batch):
+        x, y = batch
+        return nn.functional.cross_entropy(model(x).reshape(-1, 12), y.reshape(-1))
+
+    def evaluate(self, model, device):
+        return {}
+
+
+def test_lstm_model_falls_back_to_per_client_and_stays_exact():
+    g = torch.Generator().manual_seed(0)
+    streams = [torch.randint(0, 12, (100,), generator=g) for _ in range(3)]
+    task = TinyTextTask(streams)
+    cfg = RunConfig.from_mapping({"num-clients": 3, "num-rounds": 2, "local-steps": 2, "batch-size": 4,
+                                  "device": "cpu", "lr": 0.5, "clip": 0.2})
+    result = run_engine(cfg, task=task, parts=streams, write_results=False, show_progress=False)
+    assert result.path == "sequential"
+    assert any("vmap cannot take TinyLSTM" in note and "batching rule" in note for note in result.notes)
+    # reference: every client through local_update, uniform average, two rounds
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        state = TinyLSTM().state_dict()
+    for r in (1, 2):
+        states = []
+        for pid, stream in enumerate(streams):
+            m = TinyLSTM()
+            m.load_state_dict(state)
+            local_update(m, task.round_batches(stream, seed=0, partition_id=pid, server_round=r, local_steps=2,
+                                               batch_size=4, device="cpu"), task.loss, StepConfig(lr=0.5, clip=0.2))
+            states.append(m.state_dict())
+        state = average_states(states, [1 / 3] * 3)
+    for key, value in state.items():
+        assert torch.allclose(result.state[key], value, atol=1e-6, rtol=0), key
+    with pytest.raises(RuntimeError, match="engine-path=vmap but this model cannot run under torch.func.vmap"):
+        run_engine(cfg, EngineOptions(path="vmap"), task=task, parts=streams, write_results=False,
+                   show_progress=False)
+
+
+def test_random_model_goes_per_client_and_is_reproducible():
+    """Dropout cannot be drawn per client under vmap(randomness='error'): the per-client path
+    reseeds each client's steps from (seed, round, client, step), so runs repeat exactly."""
+    def dropout_mlp():
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Dropout(0.3), nn.ReLU(), nn.Linear(16, 10))
+
+    task: ClassificationTask = dataclasses.replace(digits_task(), build_model=dropout_mlp)
+    cfg = RunConfig.from_mapping({"num-clients": 2, "num-rounds": 2, "local-steps": 2, "device": "cpu"})
+    parts = partition(task.labels, 2, "homogeneous", 0)
+    a = run_engine(cfg, task=task, parts=parts, write_results=False, show_progress=False)
+    b = run_engine(cfg, task=task, parts=parts, write_results=False, show_progress=False)
+    assert a.path == "sequential" and any("random" in n.lower() for n in a.notes)
+    assert all(torch.equal(a.state[k], b.state[k]) for k in a.state)

@@ -1,0 +1,91 @@
+"""GPU paths of the engine, each against the fp32 eager path: CUDA graphs, bf16, channels-last,
+one CUDA stream per client, NCCL with two processes. Skipped without CUDA."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from server.results import load_weights
+from simulations.config import RunConfig
+from simulations.engine import EngineOptions, run_engine
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (GPU paths of the engine)")
+
+ROOT = Path(__file__).resolve().parents[1]
+# 4 clients x 2 steps x 16 = 128 examples a round of 1,438: the lr/clip decay at epoch 0.15 lands in round 3,
+# so a CUDA graph captured in round 1 must follow the schedule through its lr-scale tensor.
+KEYS = {"num-clients": 4, "num-rounds": 3, "local-steps": 2, "batch-size": 16, "device": "cuda",
+        "lr-milestones": "0.15", "lr-decay": 0.5}
+
+
+def engine(options, **overrides):
+    cfg = RunConfig.from_mapping({**KEYS, **overrides})
+    return run_engine(cfg, options, write_results=False, show_progress=False)
+
+
+def assert_close(a, b, atol):
+    for key, value in b.items():
+        assert a[key].dtype == value.dtype, key
+        assert torch.allclose(a[key].double(), value.double(), atol=atol, rtol=0), key
+
+
+def test_cuda_graphs_equal_eager_fp32():
+    eager = engine(EngineOptions(path="vmap"))
+    graphs = engine(EngineOptions(path="vmap", cuda_graphs=True))
+    assert "cuda-graphs" in graphs.notes[0]
+    assert_close(graphs.state, eager.state, 1e-5)
+    for a, b in zip(graphs.rows[1:], eager.rows[1:], strict=True):
+        assert a["lr"] == b["lr"] and a["train-loss"] == pytest.approx(b["train-loss"], rel=1e-5)
+        assert a["clip-fraction"] == b["clip-fraction"]
+
+
+def test_bf16_and_channels_last_close_to_fp32():
+    eager = engine(EngineOptions(path="vmap"))
+    cl = engine(EngineOptions(path="vmap", channels_last=True, cuda_graphs=True))
+    assert_close(cl.state, eager.state, 1e-4)
+    bf16 = engine(EngineOptions(path="vmap", bf16=True, cuda_graphs=True))
+    assert bf16.rows[-1]["train-loss"] == pytest.approx(eager.rows[-1]["train-loss"], rel=0.05)
+    assert bf16.rows[-1]["test-accuracy"] == pytest.approx(eager.rows[-1]["test-accuracy"], abs=0.1)
+
+
+def test_vmap_on_cuda_matches_per_client_path():
+    assert_close(engine(EngineOptions(path="vmap")).state, engine(EngineOptions(path="sequential")).state, 1e-5)
+
+
+def test_one_stream_per_client_equals_one_stream():
+    streams = engine(EngineOptions(path="sequential", streams=True))
+    single = engine(EngineOptions(path="sequential", streams=False))
+    assert "one CUDA stream per client" in streams.notes[0]
+    assert all(torch.equal(streams.state[k], single.state[k]) for k in single.state)
+
+
+def test_lstm_model_runs_per_client_on_cuda_streams():
+    from test_engine_exact import TinyTextTask
+
+    g = torch.Generator().manual_seed(0)
+    streams = [torch.randint(0, 12, (100,), generator=g) for _ in range(3)]
+    cfg = RunConfig.from_mapping({"num-clients": 3, "num-rounds": 2, "local-steps": 2, "batch-size": 4,
+                                  "device": "cuda", "lr": 0.5, "clip": 0.2})
+    on_gpu = run_engine(cfg, task=TinyTextTask(streams), parts=streams, write_results=False, show_progress=False)
+    on_cpu = run_engine(cfg.replace(device="cpu"), task=TinyTextTask(streams), parts=streams, write_results=False,
+                        show_progress=False)
+    assert on_gpu.path == "sequential" and "one CUDA stream per client" in on_gpu.notes[0]
+    assert_close({k: v.cpu() for k, v in on_gpu.state.items()}, on_cpu.state, 1e-4)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL world of 2)")
+def test_two_nccl_processes_give_the_one_process_result(tmp_path):
+    keys = {**KEYS, "results-dir": str(tmp_path)}
+    overrides = " ".join(f"{k}={v}" for k, v in keys.items())
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+                           "simulations.engine", "--quiet", "--config", str(ROOT / "pyproject.toml"),
+                           "--run-config", f"{overrides} run-name=nccl"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = engine(EngineOptions())
+    assert_close(load_weights(tmp_path / "nccl" / "model.pt"), {k: v.cpu() for k, v in one.state.items()}, 1e-5)

@@ -1,0 +1,83 @@
+"""The engine against the Flower path: the real ServerApp + ClientApp (loopback grid), the same
+config and seed, R rounds -> the same global parameters (fp32, CPU, 1e-5) and the same rows."""
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from client.app import app as client_app  # noqa: E402
+from loopback_grid import LoopbackGrid, run_server_app  # noqa: E402
+from server.app import app as server_app  # noqa: E402
+from server.app import initial_model as server_initial_model  # noqa: E402
+from server.results import load_weights, read_results  # noqa: E402
+from simulations.config import RunConfig  # noqa: E402
+from simulations.engine import EngineOptions, run_engine  # noqa: E402
+from simulations.engine.run import initial_model  # noqa: E402
+from tasks import load_task  # noqa: E402
+
+BASE = {"num-clients": 4, "num-rounds": 2, "batch-size": 16, "device": "cpu", "node-wait": 2.0}
+FLOWER_ONLY = {"failures", "resumed-from-round"}  # keys the Flower path writes only when nodes fail / resume
+
+
+def flower(tmp_path, name, **overrides):
+    values = {**RunConfig().to_mapping(), **BASE, "results-dir": str(tmp_path), "run-name": name, **overrides}
+    run_server_app(server_app, LoopbackGrid(client_app, values, values["num-clients"]))
+    return load_weights(tmp_path / name / "model.pt"), read_results(tmp_path / name / "results.jsonl")
+
+
+def engine(tmp_path, name, path, **overrides):
+    cfg = RunConfig.from_mapping({**BASE, "results-dir": str(tmp_path), "run-name": name, **overrides})
+    result = run_engine(cfg, EngineOptions(path=path), show_progress=False)
+    assert result.path == path
+    return load_weights(tmp_path / name / "model.pt"), read_results(tmp_path / name / "results.jsonl")
+
+
+def assert_same_run(flower_run, engine_run, exact):
+    (f_state, (f_head, f_rows)), (e_state, (e_head, e_rows)) = flower_run, engine_run
+    assert set(f_state) == set(e_state)
+    for key, value in f_state.items():
+        assert e_state[key].dtype == value.dtype, key
+        if exact:
+            assert torch.equal(e_state[key], value), key
+        else:
+            assert torch.allclose(e_state[key].double(), value.double(), atol=1e-5, rtol=0), key
+    same = lambda c: {k: v for k, v in c.items() if k != "run-name"}  # noqa: E731
+    assert same(e_head["config"]) == same(f_head["config"])
+    assert e_head["backend"] == "engine" and e_head["world-size"] == 1
+    assert e_head["model-bytes"] == f_head["model-bytes"] and e_head["train-size"] == f_head["train-size"]
+    assert len(e_rows) == len(f_rows)
+    for f, e in zip(f_rows, e_rows, strict=True):
+        assert list(e) == [k for k in f if k not in FLOWER_ONLY]  # same keys, same order
+        for key, value in f.items():
+            if key in ("wall-clock", *FLOWER_ONLY):
+                continue
+            if isinstance(value, float) and math.isfinite(value):
+                assert e[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+            else:
+                assert e[key] == value, key
+
+
+def test_initial_model_is_the_server_apps():
+    task = load_task(RunConfig())
+    a, b = initial_model(task, 3).state_dict(), server_initial_model(task, 3).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("local_steps", [2, 5])
+def test_celgc_engine_equals_flower(tmp_path, local_steps):
+    """vmap to float rounding; the per-client path is the ClientApp's arithmetic exactly."""
+    ref = flower(tmp_path, "flower", **{"local-steps": local_steps})
+    assert_same_run(ref, engine(tmp_path, "vmap", "vmap", **{"local-steps": local_steps}), exact=False)
+    if local_steps == 2:
+        assert_same_run(ref, engine(tmp_path, "seq", "sequential", **{"local-steps": local_steps}), exact=True)
+
+
+def test_naive_engine_equals_flower(tmp_path):
+    pytest.importorskip("strategies.naive", reason="the Flower naive strategy (strategies/naive.py) is not there yet")
+    overrides = {"algorithm": "naive", "local-steps": 1, "num-rounds": 3, "momentum": 0.5, "weight-decay": 1e-3}
+    ref = flower(tmp_path, "flower", **overrides)
+    assert_same_run(ref, engine(tmp_path, "vmap", "vmap", **overrides), exact=False)
+    assert_same_run(ref, engine(tmp_path, "seq", "sequential", **overrides), exact=True)

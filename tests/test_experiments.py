@@ -1,0 +1,98 @@
+"""The experiment files: valid run-config overrides for flwr and RunConfig, the paper's settings,
+global-epoch budgets, and single-machine clipped SGD (N = 1) end to end."""
+
+import math
+from pathlib import Path
+
+import pytest
+import tomllib
+import torch
+from flwr.common.config import parse_config_args
+
+import client.local_round as local_round
+from client.app import app as client_app
+from loopback_grid import LoopbackGrid, run_server_app
+from server.app import app as server_app
+from server.app import initial_model
+from server.results import load_weights, read_results
+from simulations.config import RunConfig
+from simulations.runner import load_experiment
+from tasks import load_task
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = ROOT / "simulations" / "experiments"
+FILES = sorted(EXPERIMENTS.rglob("*.toml"))
+APP_KEYS = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
+# Training-set sizes of the real data: images; tokens // bptt (70) for the corpora.
+TRAIN_SIZE = {"cifar10": 50_000, "ptb": 929_589 // 70, "wikitext2": 2_088_628 // 70, "digits": 1438}
+PAPER = {  # N, local batch, lr, clip, milestones, local steps of CELGC runs, global epochs
+    "cifar10": (8, 64, 0.3, 1.0, (80.0, 120.0), {2, 4, 8, 16, 32}, 200),
+    "ptb": (8, 3, 30.0, 7.5, (), {2, 4, 8, 16}, 150),
+    "wikitext2": (8, 10, 30.0, 7.5, (), {2, 4, 8, 16}, 150),
+}
+
+
+def epochs(cfg: RunConfig) -> float:
+    return cfg.num_rounds * cfg.num_clients * cfg.local_steps * cfg.batch_size / TRAIN_SIZE[cfg.task]
+
+
+def test_files_are_flat_overrides_that_flwr_and_runconfig_read():
+    assert len(FILES) > 40
+    names = set()
+    for path in FILES:
+        flat = parse_config_args([str(path)])  # what `flwr run . --run-config FILE.toml` does
+        assert flat == tomllib.loads(path.read_text()), path
+        assert set(flat) <= APP_KEYS, (path, set(flat) - APP_KEYS)
+        cfg = RunConfig.from_toml(path)
+        assert cfg == RunConfig.from_mapping(flat)
+        assert cfg.run_name and cfg.run_name not in names, path
+        names.add(cfg.run_name)
+
+
+@pytest.mark.parametrize("folder", ["cifar10", "cifar10-hetero", "ptb", "ptb-hetero", "wikitext2", "wikitext2-hetero"])
+def test_paper_settings_and_equal_epoch_budgets(folder):
+    cfgs = {p.stem: RunConfig.from_toml(p) for p in sorted((EXPERIMENTS / folder).glob("*.toml"))}
+    task = folder.split("-")[0]
+    n, b, lr, clip, milestones, steps, budget = PAPER[task]
+    assert {c.local_steps for k, c in cfgs.items() if k.startswith("celgc")} == steps
+    assert cfgs["naive"].algorithm == "naive" and cfgs["naive"].local_steps == 1
+    for name, c in cfgs.items():
+        assert c.task == task and c.batch_size == b and c.lr == lr and c.lr_milestones == milestones
+        assert c.num_clients == (1 if name == "single" else n)
+        assert c.clip == (math.inf if name.startswith("local-sgd") else clip)
+        assert c.algorithm == {"naive": "naive", "local-sgd": "local-sgd"}.get(name.split("-I")[0], "celgc")
+        per_round = c.num_clients * c.local_steps * c.batch_size / TRAIN_SIZE[task]
+        assert budget <= epochs(c) < budget + per_round, name  # the same budget, rounded up to a round
+        assert 0.5 <= c.eval_every * per_round <= 1.5  # evaluated about once per global epoch
+        if task != "cifar10":
+            assert c.weight_decay == 1.2e-6
+    if folder.endswith("hetero"):
+        assert all(c.partitioner == "similarity" for c in cfgs.values())
+        if task != "cifar10":
+            assert all(c.similarity == 0 for c in cfgs.values())  # one contiguous region per client
+    else:
+        assert all(c.partitioner == "homogeneous" for c in cfgs.values())
+        assert "single" in cfgs and {c.local_steps for k, c in cfgs.items() if k.startswith("local-sgd")} == steps
+
+
+def test_single_machine_file_runs_and_is_plain_clipped_sgd(tmp_path):
+    """N = 1: averaging one client is the identity, so R rounds of I steps are R*I steps of
+    clipped SGD on one machine (the single-machine baseline), through the real apps."""
+    values = load_experiment(EXPERIMENTS / "cifar10" / "single.toml", results_dir=tmp_path, overrides={
+        "task": "digits", "num-rounds": 3, "local-steps": 4, "batch-size": 16, "lr-milestones": "",
+        "device": "cpu", "node-wait": 2.0, "eval-every": 1})
+    assert values["num-clients"] == 1
+    grid = LoopbackGrid(client_app, {**RunConfig().to_mapping(), **values}, 1)
+    run_server_app(server_app, grid)
+    folder = Path(values["results-dir"]) / values["run-name"]
+    header, rows = read_results(folder / "results.jsonl")
+    assert rows[-1]["replies"] == 1 and rows[-1]["num-steps"] == 4
+    assert rows[-1]["test-accuracy"] > rows[0]["test-accuracy"]
+
+    cfg = RunConfig.from_mapping({**RunConfig().to_mapping(), **values})
+    state = initial_model(load_task(cfg), cfg.seed).state_dict()
+    hp = {"local-steps": 4, "lr": cfg.lr, "clip": cfg.clip, "weight-decay": 0.0, "momentum": 0.0, "batch-size": 16}
+    for r in range(1, 4):
+        state, _ = local_round.train_round(cfg, 0, r, state, hp)
+    fed = load_weights(folder / "model.pt")
+    assert all(torch.equal(fed[k], state[k]) for k in state)
