@@ -7,8 +7,8 @@ plain eager PyTorch, and per-round overhead (averaging, bookkeeping) < 5% of com
 On the CPU: the engine no slower than the plain loop.
 
 Methods (rounds interleaved method by method; after one warm-up round, the best of --repeats
-rounds is reported, the figure least disturbed by other work on a shared machine, with the
-median beside it):
+rounds is reported, with the median beside it; on the CPU the clock is this process's CPU
+time by default, which other work on a shared machine disturbs far less than wall time):
 
 * plain loop   -- what a user would write: per client load_state_dict, SGD + clip_grad_norm_
                   (= the clipped step for weight decay 0), then a key-by-key mean;
@@ -21,7 +21,7 @@ CIFAR-shaped uint8 images with the real normalisation and crop/flip augmentation
 global epoch use the real 50,000 training images), ``ptb`` (AWD-LSTM at PTB size on a synthetic
 929,589-token stream, 10,000 words; bptt 70).
 
-    python benchmarks/engine_speed.py --setting digits
+    python benchmarks/engine_speed.py --setting digits --threads 1
     python benchmarks/engine_speed.py --setting cifar10 --local-steps 8      # on a GPU
     python benchmarks/engine_speed.py --setting ptb --local-steps 2 --repeats 1
 """
@@ -142,20 +142,20 @@ class EngineMethod:
     def round(self, r: int) -> None:
         self.engine.train_round(r)
 
-    def steps_only(self, r: int) -> float:
+    def steps_only(self, r: int, clock=time.perf_counter) -> float:
         e, cfg = self.engine, self.engine.cfg
         lr, clip = round_hparams(cfg, r, e.task.train_size)
         step = StepConfig(lr=lr, clip=clip, weight_decay=cfg.weight_decay, momentum=cfg.momentum)
         e.runner.load(e.state)
         iters = e._iters(r)
         sync(e.device)
-        t0 = time.perf_counter()
+        t0 = clock()
         if e.runner.path == "vmap":
             e.runner.run_round(iters, step)
         else:
             e.runner.run_round(iters, step, seed=e._seed(r))
         sync(e.device)
-        return time.perf_counter() - t0
+        return clock() - t0
 
 
 class OneModel:
@@ -170,6 +170,7 @@ class OneModel:
         self.part = np.arange(n) if n is not None else torch.cat(client_parts(task, cfg))
         self.graph = None
         self.graphs = graphs
+        self.one = torch.ones((), device=device)
 
     def _step(self, batch, lr):
         ctx = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.bf16 else torch.autocast(
@@ -177,8 +178,9 @@ class OneModel:
         with ctx:
             loss = self.task.loss(self.model, batch)
         grads = torch.autograd.grad(loss.float(), self.params)
-        with torch.no_grad():
-            new, _, _ = clipped_sgd_step(self.params, list(grads), None, StepConfig(lr=lr, clip=self.cfg.clip))
+        with torch.no_grad():  # lr, clip as device tensors (a CUDA graph cannot copy from the host)
+            new, _, _ = clipped_sgd_step(self.params, list(grads), None, StepConfig(lr=lr, clip=self.cfg.clip),
+                                         lr_scale=self.one)
             torch._foreach_copy_(self.params, new)
 
     def round(self, r: int) -> None:
@@ -216,10 +218,16 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="measured rounds per method (after a warm-up round)")
     p.add_argument("--depth", type=int, default=56, help="ResNet depth for cifar10 (56 = the paper)")
     p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
+    p.add_argument("--clock", choices=("auto", "wall", "cpu"), default="auto",
+                   help="wall time, or this process's CPU time (robust on a shared CPU; auto: cpu on the CPU, "
+                        "wall on a GPU)")
     p.add_argument("--methods", default="all", help="comma list of: plain,seq,vmap,vmap-bf16,graphs,graphs-bf16,"
                    "graphs-bf16-cl,one,one-graphs,one-graphs-bf16")
     args = p.parse_args()
-    batch = args.batch or {"digits": 32, "cifar10": 64, "ptb": 3}[args.setting]
+    batch = args.batch = args.batch or {"digits": 32, "cifar10": 64, "ptb": 3}[args.setting]
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     task, task_key, nominal_train = SETTINGS[args.setting](args)
     cfg = RunConfig.from_mapping({"task": task_key, "num-clients": args.clients, "batch-size": batch,
@@ -264,18 +272,20 @@ def main() -> None:
     for _key, m in methods:
         if isinstance(m, EngineMethod):
             print(f"#   {m.name}: {'; '.join(m.engine.notes)}")
+    clock = time.perf_counter if (args.clock == "wall" or (args.clock == "auto" and cuda)) else time.process_time
+    print(f"#   clock: {'wall time' if clock is time.perf_counter else 'process CPU time (all threads)'}")
     times: dict[str, list[float]] = {k: [] for k, _ in methods}
     steps: dict[str, list[float]] = {k: [] for k, m in methods if isinstance(m, EngineMethod)}
     for rep in range(args.repeats + 1):  # rep 0 warms up (compilation, graph capture, caches)
         for key, m in methods:
             sync(device)
-            t0 = time.perf_counter()
+            t0 = clock()
             m.round(rep + 1)
             sync(device)
             if rep:
-                times[key].append(time.perf_counter() - t0)
+                times[key].append(clock() - t0)
                 if key in steps:
-                    steps[key].append(m.steps_only(rep + 1))
+                    steps[key].append(m.steps_only(rep + 1, clock))
     med = {k: min(v) for k, v in times.items()}
     median = {k: statistics.median(v) for k, v in times.items()}
     base = med.get("plain")

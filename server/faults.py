@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from logging import WARNING
 
 from flwr.app import Message, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore import log
 from flwr.supercore.run import Run
@@ -108,7 +109,7 @@ class WatchedGrid(Grid):
                 if node is None:
                     continue
                 if reply.has_error():
-                    self._fail(node, reply.error.reason or f"error code {reply.error.code}")
+                    self._fail(node, self._reason(reply, timeout))
                 else:
                     self._learn(node, reply)
                 replies.append((node, reply))
@@ -135,6 +136,15 @@ class WatchedGrid(Grid):
         label = self.label(node)
         self._failures[label] = reason
         log(WARNING, "%s failed: %s", _name(label), reason)
+
+    @staticmethod
+    def _reason(reply: Message, timeout: float | None) -> str:
+        code = reply.error.code
+        if code in (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE):  # expired (TTL)
+            return f"no reply within round-timeout ({timeout:g} s)" if timeout is not None else "message expired"
+        if code == ErrorCode.NODE_UNAVAILABLE:
+            return "node unavailable (it missed its heartbeats)"
+        return reply.error.reason or f"error code {code}"
 
     def _learn(self, node: int, reply: Message) -> None:
         for record in reply.content.metric_records.values():

@@ -65,6 +65,8 @@ def print_report(report: dict, target: float) -> None:
     from rich.table import Table
 
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=150)
     naive_final = report["naive"]["final"]
     table = Table(title=f"digits, N = 8: first round with test accuracy >= {target:g} "
                         f"(and >= naive's final {naive_final:.4f})")
@@ -98,8 +100,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--results-dir", default="results/demo")
     parser.add_argument("--out", default="figures/demo", help="folder for the PNG figures")
     parser.add_argument("--rounds-scale", type=float, default=1.0, help="scale both runs' rounds (quick checks)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: a small model on a busy CPU runs best on one)")
     parser.add_argument("--verbose", action="store_true", help="show Flower's per-round log")
     ns = parser.parse_args(argv)
+    if ns.threads > 0:
+        import torch
+
+        torch.set_num_threads(ns.threads)
     report = run_demo(ns.results_dir, ns.out, ns.target, ns.rounds_scale, quiet=not ns.verbose)
     print_report(report, ns.target)
     return 0

@@ -1,7 +1,7 @@
 """Flower strategies of the paper and their pure math.
 
 ``from strategies import CELGC`` gives the Flower strategy; the pure modules
-(``strategies.averaging``, ``strategies.schedule``) import no flwr, so the fast engine can
+(``strategies.averaging``, ``strategies.schedule``, ``strategies.clipped_sgd``) import no flwr, so the fast engine can
 use them where Flower is not installed: the strategy classes are loaded on first access.
 """
 

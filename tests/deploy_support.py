@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from uuid import uuid4
 
 import pytest
 import torch
+from flwr.app import Error, Message
 
 from client.app import app as client_app
 from loopback_grid import LoopbackGrid, run_server_app
@@ -23,11 +25,39 @@ DEPLOY_CONFIG = {"num-clients": 2, "num-rounds": 2, "local-steps": 2, "batch-siz
 needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
 
 
-def reference_run(folder: Path, **overrides) -> Path:
+class FaultyGrid(LoopbackGrid):
+    """Loopback grid where partition p fails in the rounds ``failures[p]``: its train reply is
+    an error (a crashed ClientApp) or, with ``silent``, never comes (a dead or hung host)."""
+
+    def __init__(self, *args, failures: dict[int, set[int]], silent: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.failures = failures
+        self.silent = silent
+
+    def push_messages(self, messages):
+        ids = []
+        for msg in messages:
+            self.sent.append(msg)
+            pid = self.nodes[msg.metadata.dst_node_id].get("partition-id")
+            if msg.metadata.message_type == "train" and \
+                    int(msg.content["config"]["server-round"]) in self.failures.get(pid, ()):
+                msg.metadata.__dict__["_message_id"] = str(uuid4())
+                if not self.silent:
+                    reply = Message(Error(code=0, reason="ClientApp crashed"), reply_to=msg)
+                    reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
+                    self._replies[msg.metadata.message_id] = reply
+            else:
+                reply = self._deliver(msg)  # sets the message id
+                self._replies[msg.metadata.message_id] = reply
+            ids.append(msg.metadata.message_id)
+        return ids
+
+
+def reference_run(folder: Path, failures: dict[int, set[int]] | None = None, **overrides) -> Path:
     """The in-process run of DEPLOY_CONFIG (+ overrides); its results folder."""
     values = {**RunConfig().to_mapping(), **DEPLOY_CONFIG, "results-dir": str(folder), "run-name": "reference",
               **overrides}
-    grid = LoopbackGrid(client_app, values, values["num-clients"])
+    grid = FaultyGrid(client_app, values, values["num-clients"], failures=failures or {})
     run_server_app(server_app, grid)
     return folder / "reference"
 

@@ -46,14 +46,15 @@ def run(cmd, timeout=240):
 
 
 def test_two_gloo_processes_give_the_one_process_result(tmp_path):
-    """3 clients on 2 processes (2 + 1, unbalanced on purpose) vs all 3 in one process."""
+    """3 clients on 2 processes (2 + 1, unbalanced on purpose) vs all 3 in one process, vectorised
+    (vmap over 2, 1 and 3 clients)."""
     keys = {"num-clients": 3, "num-rounds": 2, "local-steps": 3, "batch-size": 16, "device": "cpu",
             "results-dir": str(tmp_path)}
     overrides = " ".join(f"{k}={v}" for k, v in keys.items())
     run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
          "simulations.engine", "--config", str(ROOT / "pyproject.toml"), "--quiet",
-         "--run-config", f"{overrides} run-name=two"])
-    one = run_engine(RunConfig.from_mapping({**keys, "run-name": "one"}), show_progress=False)
+         "--run-config", f"{overrides} run-name=two engine-path=vmap"])
+    one = run_engine(RunConfig.from_mapping({**keys, "run-name": "one"}), EngineOptions(path="vmap"), show_progress=False)
     two = load_weights(tmp_path / "two" / "model.pt")
     for key, value in one.state.items():
         assert two[key].dtype == value.dtype

@@ -264,3 +264,18 @@ def test_random_model_goes_per_client_and_is_reproducible():
     b = run_engine(cfg, task=task, parts=parts, write_results=False, show_progress=False)
     assert a.path == "sequential" and any("random" in n.lower() for n in a.notes)
     assert all(torch.equal(a.state[k], b.state[k]) for k in a.state)
+
+
+def test_auto_path_says_which_path_and_why():
+    task = digits_task()
+    cfg = RunConfig.from_mapping({"num-clients": 2, "num-rounds": 1, "local-steps": 1, "device": "cpu"})
+    parts = partition(task.labels, 2, "homogeneous", 0)
+    timed = run_engine(cfg, task=task, parts=parts, write_results=False, show_progress=False)
+    assert f"path: {timed.path}" in timed.notes[0] and "on the CPU" in timed.notes[0]
+
+    class NoVmap(DigitsCNN):
+        engine_vmap = False
+
+    flagged = run_engine(cfg, task=dataclasses.replace(task, build_model=NoVmap), parts=parts, write_results=False,
+                         show_progress=False)
+    assert flagged.path == "sequential" and "NoVmap.engine_vmap is False" in flagged.notes[0]

@@ -77,3 +77,14 @@ def test_naive_through_the_flower_cli(tmp_path):
     again = load_run(tmp_path / "again")
     assert again.rows[-1]["test-accuracy"] == run.rows[-1]["test-accuracy"]
     assert again.rows[-1]["train-loss"] == pytest.approx(run.rows[-1]["train-loss"], rel=1e-6)
+
+
+def test_demo_runs_both_methods_and_writes_figures(tmp_path):
+    pytest.importorskip("matplotlib")
+    from simulations.demo import print_report, run_demo
+
+    report = run_demo(tmp_path / "res", tmp_path / "fig", target=0.5, rounds_scale=0.05)
+    assert report["naive"]["run"].rows[-1]["round"] == 8 and report["celgc"]["run"].rows[-1]["round"] == 1
+    assert report["celgc"]["hit"]["round"] == 1  # one round of 8 local steps reaches 50 %
+    assert len(report["figures"]) == 4 and all(p.is_file() for p in report["figures"])
+    print_report(report, 0.5)

@@ -232,8 +232,8 @@ class Deployment:
             raise DeployError(f"{name} {' '.join(args)} exited {res.returncode}:\n{res.stdout}{res.stderr}")
         return res.stdout
 
-    def _start(self, name: str, script: str, args: Sequence[str], ns: str | None) -> Proc:
-        home = self.root / name
+    def _start(self, name: str, script: str, args: Sequence[str], ns: str | None, home: Path | None = None) -> Proc:
+        home = home or self.root / name
         home.mkdir(parents=True, exist_ok=True)
         prefix = self.netns.prefix(ns) if self.netns and ns else []
         proc = Proc(name, [*prefix, "bash", str(DEPLOY / script), *args], cwd=home, env=self._env(home),
@@ -242,11 +242,17 @@ class Deployment:
         return proc
 
     def start_superlink(self, timeout: float = 60) -> Proc:
-        """start_superlink.sh on ``port`` with a persistent database; waits until it serves."""
+        """start_superlink.sh on ``port`` with a persistent database; waits until it serves.
+
+        Called again after the SuperLink died, it restarts it on the same port, database and
+        working directory (a restarted server host): registrations survive, SuperNodes reconnect.
+        """
         args = ["--host", "0.0.0.0" if self.netns else self.host, "--port", str(self.port),
                 "--database", str(self.root / "superlink-state.db")]
         args += ["--insecure"] if self.insecure else ["--certs", str(self.certs)]
-        self.superlink = self._start("superlink", "start_superlink.sh", args, self.netns.server if self.netns else None)
+        name = "superlink" if self.superlink is None else f"superlink-{len(self.procs)}"
+        self.superlink = self._start(name, "start_superlink.sh", args, self.netns.server if self.netns else None,
+                                     home=self.root / "superlink")
         self.superlink.wait_for("Uvicorn running on", timeout)
         return self.superlink
 
@@ -282,24 +288,30 @@ class Deployment:
         self.nodes[i] = proc
         return proc
 
+    def _submit_cmd(self, run_config: Mapping[str, Any] | Sequence[str], timeout: float, app: Path) -> list[str]:
+        return [*self.operator.command_prefix, "bash", str(DEPLOY / "submit.sh"), "--app", str(app),
+                "--connection", self.operator.connection, "--timeout", str(int(timeout)), "--poll", "1",
+                "--run-config", " ".join(format_overrides(run_config))]
+
     def submit(self, run_config: Mapping[str, Any] | Sequence[str], timeout: float = 300,
                app: Path = REPO) -> tuple[int, str, dict]:
         """submit.sh: (exit status, output, the run's final record or {})."""
-        cmd = [*self.operator.command_prefix, "bash", str(DEPLOY / "submit.sh"), "--app", str(app),
-               "--connection", self.operator.connection, "--timeout", str(int(timeout)), "--poll", "1",
-               "--run-config", " ".join(format_overrides(run_config))]
         env = self._env(self.operator.home)
         try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 90, env=env,
-                                 cwd=self.operator.home, start_new_session=True)
+            res = subprocess.run(self._submit_cmd(run_config, timeout, app), capture_output=True, text=True,
+                                 timeout=timeout + 90, env=env, cwd=self.operator.home, start_new_session=True)
         except subprocess.TimeoutExpired as exc:
             raise DeployError(f"submit.sh did not return within {timeout + 90:g} s") from exc
-        record: dict = {}
-        for line in reversed(res.stdout.splitlines()):
-            if line.startswith("{"):
-                record = json.loads(line)
-                break
-        return res.returncode, res.stdout + res.stderr, record
+        return res.returncode, res.stdout + res.stderr, last_record(res.stdout)
+
+    def submit_in_background(self, run_config: Mapping[str, Any] | Sequence[str], timeout: float = 300,
+                             app: Path = REPO) -> Proc:
+        """submit.sh as a process (stopped with the deployment); ``last_record(proc.output())``."""
+        name = f"submit-{len(self.procs)}"
+        proc = Proc(name, self._submit_cmd(run_config, timeout, app), cwd=self.operator.home,
+                    env=self._env(self.operator.home), log=self.root / f"{name}.log")
+        self.procs.append(proc)
+        return proc
 
     def stop(self) -> None:
         """Stop every process started here (newest first), then whatever still carries the tag."""
@@ -320,6 +332,17 @@ class Deployment:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def last_record(output: str) -> dict:
+    """The run record submit.sh prints last (a JSON object line), {} if none."""
+    for line in reversed(output.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    return {}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

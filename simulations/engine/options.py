@@ -29,7 +29,8 @@ def _key(name: str, doc: str, **kw: Any) -> Any:
 class EngineOptions:
     """How the engine runs the clients placed on one device."""
 
-    path: str = _key("engine-path", "auto (vmap when the model allows, else sequential), vmap or sequential",
+    path: str = _key("engine-path", "auto, vmap or sequential; auto: vmap when the model allows it (on the CPU only "
+                     "if a one-step trial finds it faster than one client after another), else sequential",
                      default="auto")
     bf16: bool = _key("engine-bf16", "forward under bf16 autocast (vmap path); fp32 parameters and update",
                       default=False)

@@ -11,11 +11,19 @@ file (``server.results.ResultsWriter``, the Flower path's row keys) as ``flwr ru
 same seed the global model matches the Flower path's to float rounding. Each process runs a
 balanced block of clients (``distributed.shard``); a round ends with ONE all-reduce. Process 0
 evaluates, shows progress and writes the results. Nothing here imports flwr.
+
+Execution path (``engine-path``, reported on screen and in the results header): ``vmap``
+(``vectorised.py``) or ``sequential`` (``sequential.py``, one module per client). ``auto``
+probes one vmapped step and falls back to sequential when the model cannot be vmapped
+(``nn.LSTM``, random layers, a model class with ``engine_vmap = False``); on the CPU it also
+times one step of each and keeps the faster. Checkpoint/resume of the Flower path is not
+implemented here.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import math
 import time
@@ -36,7 +44,7 @@ from strategies.averaging import state_nbytes
 from strategies.schedule import decay_factor, global_epoch
 
 from .aggregate import COLUMNS, ClientMetrics, average_round
-from .distributed import World, close_world, init_world, shard
+from .distributed import World, all_reduce_sum, close_world, init_world, shard
 from .options import EngineOptions, parse_overrides, split_engine_keys
 from .progress import RoundProgress
 from .sequential import SequentialClients
@@ -138,6 +146,8 @@ class Engine:
         why = runner.probe([next(it) for it in self._iters(1)],
                            StepConfig(lr=lr, clip=clip, weight_decay=self.cfg.weight_decay,
                                       momentum=self.cfg.momentum))
+        if why is None and o.path == "auto" and self.device.type == "cpu":
+            return self._faster_on_cpu(runner)
         if why is None:
             flags = [name for name, on in (("bf16", o.bf16), ("channels-last", o.channels_last),
                                            ("cuda-graphs", o.cuda_graphs)) if on]
@@ -149,6 +159,34 @@ class Engine:
             log.warning("engine-bf16/channels-last/cuda-graphs apply to the vmap path only; ignored")
         self.notes.append(f"path: sequential{streams} (vmap cannot take {type(self.model).__name__}: {why})")
         return self._sequential()
+
+    def _faster_on_cpu(self, vectorised: VmapClients) -> VmapClients | SequentialClients:
+        """On the CPU vmap's batched kernels (grouped convolutions) can be slower than one
+        client after another: time one local step of each (CPU time, robust on a shared
+        machine), summed over all processes so that every process takes the same path."""
+        sequential = self._sequential()
+        sequential.load(self.state)
+        lr, clip = round_hparams(self.cfg, 1, self.task.train_size)
+        step = StepConfig(lr=lr, clip=clip, weight_decay=self.cfg.weight_decay, momentum=self.cfg.momentum)
+
+        def one_step(runner: VmapClients | SequentialClients) -> float:
+            iters = [itertools.islice(it, 1) for it in self._iters(1)]
+            t0 = time.process_time()
+            runner.run_round(iters, step)
+            return time.process_time() - t0
+
+        one_step(sequential)  # warm-up (the vmap step was warmed up by the probe)
+        times = torch.tensor([one_step(vectorised), one_step(sequential)], dtype=torch.float64)
+        t_vmap, t_seq = all_reduce_sum(times, self.world).tolist()
+        vectorised.load(self.state)
+        if t_vmap <= t_seq:
+            self.notes.append(f"path: vmap over {len(self.clients)} clients (faster than one after another on the "
+                              f"CPU: {t_vmap:.3g} s vs {t_seq:.3g} s CPU a step)")
+            return vectorised
+        sequential.load(self.state)
+        self.notes.append(f"path: sequential (one client after another is faster than vmap on the CPU: "
+                          f"{t_seq:.3g} s vs {t_vmap:.3g} s CPU a step; engine-path=vmap forces vmap)")
+        return sequential
 
     @property
     def path(self) -> str:

@@ -88,6 +88,7 @@ class SequentialClients:
         bufs: list[list[Tensor] | None] = [
             [torch.zeros_like(p) for p in ps] if cfg.momentum > 0 else None for ps in params]
         totals = [RoundStats.zeros(self.device) for _ in self.models]
+        one = torch.ones((), device=self.device) if self.device.type == "cuda" else None
         with self._round():
             for m in self.models:
                 m.train()
@@ -109,6 +110,8 @@ class SequentialClients:
                         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params[i]]
                         with torch.no_grad():
                             scale = getattr(batch, "lr_scale", 1.0)
+                            if one is not None:  # on CUDA: lr and clip as device tensors, no copy a step
+                                scale = one * scale
                             new, bufs[i], stats = clipped_sgd_step(params[i], grads, bufs[i], cfg, lr_scale=scale)
                             torch._foreach_copy_(params[i], new)
                         totals[i].add(loss, stats, self.count(batch))

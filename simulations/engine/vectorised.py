@@ -175,7 +175,7 @@ class VmapClients:
         return batch
 
     # --- a round ---------------------------------------------------------------------
-    def run_round(self, iters: list[Iterator[Any]], cfg: StepConfig, lr_scale: float = 1.0) -> RoundStats:
+    def run_round(self, iters: list[Iterator[Any]], cfg: StepConfig, lr_scale: float | Tensor = 1.0) -> RoundStats:
         """Run every step of one round; ``iters`` are the n clients' batch iterators (one
         batch a step). Returns the round's sums as a ``RoundStats`` of [n] tensors.
 
@@ -185,6 +185,8 @@ class VmapClients:
         """
         zeros = lambda: torch.zeros(self.n, dtype=torch.float64, device=self.device)  # noqa: E731
         totals = RoundStats(zeros(), zeros(), zeros(), zeros())
+        if self.device.type == "cuda" and not torch.is_tensor(lr_scale):  # lr, clip on the device: no copy a step
+            lr_scale = torch.full((), float(lr_scale), device=self.device)
         bufs = [torch.zeros_like(self.params[k]) for k in self.trainable] if cfg.momentum > 0 and not self.cuda_graphs \
             else []
         for batches in zip(*iters, strict=True):
@@ -263,7 +265,8 @@ class _GraphedStep:
             torch._foreach_copy_(self.bufs, bufs)
         self.totals.add(loss, stats, 0)
 
-    def step(self, batch: Any, scale: Tensor | None, lr_scale: float, totals: RoundStats, examples: int) -> None:
+    def step(self, batch: Any, scale: Tensor | None, lr_scale: float | Tensor, totals: RoundStats,
+             examples: int) -> None:
         if totals.steps == 0:  # a new round: fresh sums and momentum
             for t in (self.totals.loss_sum, self.totals.grad_norm_sum, self.totals.clipped, self.totals.skipped):
                 t.zero_()
@@ -274,7 +277,10 @@ class _GraphedStep:
         pytree.tree_map(lambda dst, src: dst.copy_(src), self.batch, batch)
         if scale is not None:
             self.scale.copy_(scale)
-        self.lr_scale.fill_(lr_scale)
+        if torch.is_tensor(lr_scale):
+            self.lr_scale.copy_(lr_scale)
+        else:
+            self.lr_scale.fill_(lr_scale)
         self.graph.replay()
         totals.steps += 1
         totals.examples += examples

@@ -1,0 +1,182 @@
+"""Faults: a client that crashes, hangs or dies does not stop the run (>= min-replies sound
+replies within round-timeout), who failed is recorded per round, a client can rejoin; too
+few replies fail the run naming the failures; a server killed after round k and restarted
+resumes from its checkpoint to the same final model; a host's own data (local-data).
+
+The first tests run the real ServerApp and ClientApp in process (fast); the last two run a
+real secure deployment (SuperLink + two SuperNodes) and kill / stop its processes.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from deploy_support import DEPLOY_CONFIG, FaultyGrid, assert_same_weights, needs_openssl, reference_run
+
+from client.app import app as client_app
+from client.local_data import export_partition, read_digits
+from loopback_grid import LoopbackGrid, run_server_app
+from server.app import app as server_app
+from server.checkpoint import load_checkpoint
+from server.deploy.local import Deployment, Proc, last_record
+from server.faults import NotEnoughNodes
+from server.results import read_results
+from simulations.config import RunConfig
+
+THREE = {**DEPLOY_CONFIG, "num-clients": 3, "num-rounds": 3, "node-wait": 2.0}
+
+
+def run(tmp_path, grid_cls=FaultyGrid, name="run", node_configs=None, **kw):
+    values = {**RunConfig().to_mapping(), **THREE, "results-dir": str(tmp_path), "run-name": name,
+              **kw.pop("config", {})}
+    grid = grid_cls(client_app, values, values["num-clients"], node_configs=node_configs, **kw)
+    run_server_app(server_app, grid)
+    return read_results(tmp_path / name / "results.jsonl")[1]
+
+
+# --- in process ------------------------------------------------------------------------
+def test_a_failed_client_is_recorded_the_round_proceeds_and_it_rejoins(tmp_path):
+    rows = run(tmp_path, failures={1: {1}}, config={"min-replies": 2})
+    assert [r["failed-nodes"] for r in rows[1:]] == [[1], [], []]
+    assert rows[1]["failures"] == ["partition 1: ClientApp crashed"] and rows[1]["replies"] == 2
+    assert rows[2]["replies"] == 3 and "failures" not in rows[2]  # partition 1 is back
+
+
+def test_a_silent_client_times_out(tmp_path):
+    start = time.monotonic()
+    rows = run(tmp_path, failures={2: {2}}, silent=True, config={"min-replies": 2, "round-timeout": 1.0})
+    assert time.monotonic() - start < 60
+    assert rows[2]["failed-nodes"] == [2] and rows[2]["failures"] == ["partition 2: no reply within round-timeout (1 s)"]
+
+
+def test_too_few_sound_replies_fail_the_run_naming_the_failures(tmp_path):
+    with pytest.raises(RuntimeError, match=r"round 2: 2 sound replies, 3 required \(min-replies\); "
+                                           r"failures: partition 0: ClientApp crashed"):
+        run(tmp_path, failures={0: {2}})
+
+
+class Vanishing(LoopbackGrid):
+    """After round 1, only one node is online."""
+
+    def get_node_ids(self):
+        trained = any(m.metadata.message_type == "train" for m in self.sent)
+        return list(self.nodes)[:1] if trained else list(self.nodes)
+
+
+def test_too_few_nodes_online_fail_after_node_wait(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(NotEnoughNodes, match=r"only 1 node\(s\) online for 1 s \(node-wait\), a round needs 2"):
+        run(tmp_path, Vanishing, config={"min-replies": 2, "node-wait": 1.0})
+    assert time.monotonic() - start < 60
+
+
+def test_local_data_trains_like_the_simulated_partition(tmp_path):
+    cfg = RunConfig.from_mapping({**THREE, "run-name": "x"})
+    site = export_partition(cfg, 1, tmp_path / "site1").parent
+    x, y = read_digits(site / "digits.npz")
+    assert x.shape[1:] == (8, 8) and x.max() <= 16 and len(x) == len(y)
+    nodes = [{"partition-id": 0, "num-partitions": 3}, {"local-data": str(site), "partition-id": 1},
+             {"partition-id": 2, "num-partitions": 3}]
+    run(tmp_path, name="local", node_configs=nodes, failures={})
+    assert_same_weights(tmp_path / "local", reference_run(tmp_path / "sim", **THREE))
+    # without partition-id the host's sampling is seeded by its data; it trains on all of it
+    nodes[1] = {"local-data": str(site)}
+    rows = run(tmp_path, name="anon", node_configs=nodes, failures={})
+    assert rows[-1]["replies"] == 3 and rows[-1]["num-examples"] == 3 * 2 * 16
+
+
+def test_local_data_files_are_checked_and_never_unpickled(tmp_path):
+    bad = tmp_path / "digits.npz"
+    np.savez(bad, x=np.array([{"evil": 1}], dtype=object), y=np.array([1]))
+    with pytest.raises(ValueError, match="Object arrays cannot be loaded when allow_pickle=False"):
+        read_digits(bad)
+    np.savez(bad, x=np.full((4, 8, 8), 17.0), y=np.arange(4))
+    with pytest.raises(ValueError, match=r"pixel values in \[0, 16\]"):
+        read_digits(bad)
+    np.savez(bad, x=np.zeros((4, 8, 7)), y=np.arange(4))
+    with pytest.raises(ValueError, match=r"expected x \[n, 8, 8\]"):
+        read_digits(bad)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_digits(tmp_path / "nothing" / "digits.npz")
+
+
+# --- real processes ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    """A secure SuperLink and two registered SuperNodes (partitions 0 and 1 of 2)."""
+    root = tmp_path_factory.mktemp("faults")
+    with Deployment(root / "dep", num_keys=2) as d:
+        d.start_superlink()
+        for i in range(2):
+            d.register(i)
+            d.start_supernode(i, partition=i, num_partitions=2)
+        yield d
+    assert d.leftover() == {}
+
+
+def wait_until(what: str, check, proc: Proc, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if not proc.alive():
+            pytest.fail(f"{proc.name} ended before {what}:\n{proc.tail(40)}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} within {timeout:g} s:\n{proc.tail(40)}")
+        time.sleep(0.2)
+
+
+def has_round(folder: Path, k: int):
+    def check() -> bool:
+        try:
+            return any(r["round"] >= k for r in read_results(folder / "results.jsonl")[1])
+        except (OSError, ValueError):
+            return False
+    return check
+
+
+@needs_openssl
+def test_server_killed_after_round_1_and_restarted_ends_with_the_same_model(deployment, tmp_path):
+    d = deployment
+    reference = reference_run(tmp_path / "sim")
+    folder = tmp_path / "results" / "restart"
+    config = {**DEPLOY_CONFIG, "results-dir": str(tmp_path / "results"), "run-name": "restart"}
+    submit = d.submit_in_background(config, 300)
+    wait_until("a round-1 checkpoint", lambda: (folder / "checkpoint.pt").exists(), submit)
+    d.superlink.signal(signal.SIGKILL)  # the server host dies: SuperLink, SuperExec, ServerApp
+    d.superlink.wait_exit(30)
+    submit.stop()  # the operator's submit.sh lost its SuperLink
+    assert load_checkpoint(folder).round == 1
+    d.start_superlink()  # the restarted host: same port, certificates and database
+    code, out, run = d.submit({**config, "resume": True}, 300)
+    assert code == 0, out
+    assert run["status"] == "finished:completed"
+    _, rows = read_results(folder / "results.jsonl")
+    assert [r["round"] for r in rows] == [0, 1, 2] and rows[2]["resumed-from-round"] == 1
+    assert_same_weights(folder, reference)
+
+
+@needs_openssl
+def test_a_client_that_hangs_rejoins_and_then_dies_does_not_stop_the_run(deployment, tmp_path):
+    d = deployment
+    timeout = 25.0
+    config = {**DEPLOY_CONFIG, "num-rounds": 3, "min-replies": 1, "round-timeout": timeout}
+    reference = reference_run(tmp_path / "sim", failures={1: {1, 3}}, **config)
+    folder = tmp_path / "results" / "faults"
+    submit = d.submit_in_background({**config, "results-dir": str(tmp_path / "results"), "run-name": "faults"}, 400)
+    node = d.nodes[1]
+    wait_until("round 0", has_round(folder, 0), submit)
+    node.signal(signal.SIGSTOP)  # host 1 hangs during round 1
+    wait_until("round 1", has_round(folder, 1), submit)
+    node.signal(signal.SIGCONT)  # ... and comes back: it takes part in round 2
+    wait_until("round 2", has_round(folder, 2), submit)
+    node.signal(signal.SIGKILL)  # host 1 dies during round 3
+    assert submit.wait_exit(200) == 0, submit.tail(60)
+    assert last_record(submit.output())["status"] == "finished:completed"
+    _, rows = read_results(folder / "results.jsonl")
+    assert [r["failed-nodes"] for r in rows[1:]] == [[1], [], [1]]
+    assert [r["replies"] for r in rows[1:]] == [1, 2, 1]
+    assert rows[1]["failures"] == [f"partition 1: no reply within round-timeout ({timeout:g} s)"]
+    assert_same_weights(folder, reference)  # = the simulation with the same failures
