@@ -90,6 +90,10 @@ def wait_for_federation(grid: Grid, cfg: RunConfig, poll: float = 0.5,
         if len(nodes) == cfg.num_clients:
             return nodes
         if time.monotonic() > deadline:
+            if cfg.min_replies and len(nodes) >= cfg.min_replies:  # fault tolerant: start with enough nodes
+                log(WARNING, "node-wait is over: starting with %d of num-clients=%d nodes (min-replies=%d)",
+                    len(nodes), cfg.num_clients, cfg.min_replies)
+                return nodes
             raise FederationError(
                 f"only {len(nodes)} of num-clients={cfg.num_clients} nodes connected within node-wait={cfg.node_wait:g} s: "
                 f"in simulation run with --federation-config \"num-supernodes={cfg.num_clients}\"; in deployment start "

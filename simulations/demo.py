@@ -29,8 +29,25 @@ FILES = {"naive": EXPERIMENTS / "naive.toml", "celgc": EXPERIMENTS / "celgc-I8.t
 
 
 def run_demo(results_dir: str | Path, out: str | Path | None, target: float, rounds_scale: float = 1.0,
-             quiet: bool = True) -> dict:
-    """Run both methods, return {method: {"run", "elapsed", "hit", "final"}} and the figure paths."""
+             quiet: bool = True, threads: int = 1) -> dict:
+    """Run both methods, return {method: {"run", "elapsed", "hit", "final"}} and the figure paths.
+
+    ``threads``: torch intra-op threads while the runs last (1: a small model on a busy CPU
+    runs best on one; two threads sharing cores with other jobs stall on every op).
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        return _run_demo(results_dir, out, target, rounds_scale, quiet)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run_demo(results_dir: str | Path, out: str | Path | None, target: float, rounds_scale: float,
+              quiet: bool) -> dict:
     from .loopback import run_in_process
 
     if quiet:
@@ -104,11 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="torch intra-op threads (default 1: a small model on a busy CPU runs best on one)")
     parser.add_argument("--verbose", action="store_true", help="show Flower's per-round log")
     ns = parser.parse_args(argv)
-    if ns.threads > 0:
-        import torch
-
-        torch.set_num_threads(ns.threads)
-    report = run_demo(ns.results_dir, ns.out, ns.target, ns.rounds_scale, quiet=not ns.verbose)
+    report = run_demo(ns.results_dir, ns.out, ns.target, ns.rounds_scale, quiet=not ns.verbose, threads=ns.threads)
     print_report(report, ns.target)
     return 0
 

@@ -79,6 +79,15 @@ class NaiveParallelClip(CELGC):
         log(INFO, "\t│\t└── non-finite or mis-shaped replies are rejected")
         FedAvg.summary(self)
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Server state carried across rounds (the momentum buffer), for checkpoints."""
+        return {f"momentum.{k}": v for k, v in (self._momentum or {}).items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore ``state_dict()`` (a resumed run continues with the same momentum)."""
+        momentum = {k.removeprefix("momentum."): v for k, v in state.items() if k.startswith("momentum.")}
+        self._momentum = momentum or None
+
     def round_config(self, server_round: int, clients_per_round: int) -> dict[str, float | int | str]:
         return {**super().round_config(server_round, clients_per_round), "mode": GRADIENT_MODE}
 

@@ -230,3 +230,14 @@ def test_resume_without_checkpoint_starts_at_round_zero(tmp_path, reference):
     assert weights_equal(tmp_path / "fresh", reference)
     with pytest.raises(ValueError, match="resume=true needs a fixed run-name"):
         RunConfig.from_mapping({"resume": True})
+
+
+def test_strategy_state_is_checkpointed_naive_momentum(tmp_path):
+    naive = {"algorithm": "naive", "local-steps": 1, "momentum": 0.9}
+    whole = run(tmp_path, "whole", config=naive)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, "r", CrashingGrid, crash_round=3, config=naive)
+    ckpt = load_checkpoint(tmp_path / "r")
+    assert ckpt.round == 2 and any(k.startswith("momentum.") for k in ckpt.strategy_state)
+    run(tmp_path, "r", config={**naive, "resume": True})
+    assert weights_equal(tmp_path / "r", whole)

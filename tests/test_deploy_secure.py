@@ -25,14 +25,16 @@ def test_secure_run_matches_the_simulation_and_refuses_strangers(tmp_path):
         d.start_superlink()
         registered = {d.register(0), d.register(1)}
         # key 2 was created but never registered: the SuperLink refuses that SuperNode
-        stranger = d.start_supernode(2, partition=1, num_partitions=2, name="stranger")
+        stranger = d.start_supernode(2, partition=1, num_partitions=2, name="stranger",
+                                     options=["--rejoin-retries", "1", "--rejoin-delay", "1"])
         for i in range(2):
             d.start_supernode(i, partition=i, num_partitions=2)
         code, out, run = d.submit({**DEPLOY_CONFIG, "results-dir": str(results), "run-name": "deployed"}, 240)
         assert code == 0, out
         assert run["status"] == "finished:completed"
-        assert stranger.wait_exit(30) != 0
-        assert "Failed to activate SuperNode" in stranger.output()
+        assert stranger.wait_exit(60) != 0
+        assert stranger.output().count("Failed to activate SuperNode") == 2  # refused, retried once, refused
+        assert "retry 1/1" in stranger.output()
         assert set(d.node_status()) == registered  # the stranger never became a node
 
         # a run whose ServerApp fails is reported as failed (flwr run itself exits 0)

@@ -90,9 +90,16 @@ class Proc:
         except subprocess.TimeoutExpired:
             raise DeployError(f"{self.name} still running after {timeout:g} s:\n{self.tail()}") from None
 
+    def _tree(self) -> dict[int, int]:
+        """pid -> start time of this process and its descendants; {} once it exited (its pid
+        may then belong to someone else; orphans are found by the deployment's tag)."""
+        if not self.alive():
+            return {}
+        return _tagged_or_descendant_pids(self.pid, "no-tag-" + uuid.uuid4().hex)
+
     def signal(self, sig: int) -> None:
         """Send ``sig`` to the whole process tree (group and descendants)."""
-        targets = _tagged_or_descendant_pids(self.pid, "no-tag-" + uuid.uuid4().hex)
+        targets = self._tree()
         if self.alive():
             try:
                 os.killpg(self.pid, sig)
@@ -101,7 +108,7 @@ class Proc:
         _signal_pids(targets, sig)
 
     def stop(self, timeout: float = 10.0) -> None:
-        targets = _tagged_or_descendant_pids(self.pid, "no-tag-" + uuid.uuid4().hex)
+        targets = self._tree()
         self.signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and (self.alive() or _alive(targets)):
@@ -268,9 +275,10 @@ class Deployment:
 
     def start_supernode(self, i: int, *, key: int | None = None, partition: int | None = None,
                         num_partitions: int | None = None, local_data: str | Path | None = None,
-                        extra: Sequence[str] = (), name: str | None = None) -> Proc:
-        """start_supernode.sh for host ``i`` (its own namespace, if any) with key ``key`` (default i)."""
-        args = ["--superlink", self.address, "--port", str(free_port())]
+                        options: Sequence[str] = (), extra: Sequence[str] = (), name: str | None = None) -> Proc:
+        """start_supernode.sh for host ``i`` (its own namespace, if any) with key ``key`` (default i);
+        ``options`` go to the script (e.g. --rejoin-retries), ``extra`` to flower-supernode."""
+        args = ["--superlink", self.address, "--port", str(free_port()), *options]
         if self.insecure:
             args.append("--insecure")
         else:
