@@ -167,7 +167,7 @@ def main(grid: Grid, context: Context) -> None:
     if ckpt:
         arrays = ArrayRecord(ckpt.arrays)
     watched = WatchedGrid(grid, min_nodes=cfg.required_replies, node_wait=cfg.node_wait)
-    wait_for_federation(grid, cfg, partition_of=watched.partition_of)
+    watched.expect(wait_for_federation(grid, cfg, partition_of=watched.partition_of), cfg.num_clients)
     writer = ResultsWriter(folder, cfg.to_mapping(), {"train-size": task.train_size,
                                                       "model-bytes": state_nbytes(model.state_dict())},
                            resume_from=done if ckpt else None)

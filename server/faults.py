@@ -46,7 +46,9 @@ class WatchedGrid(Grid):
         self.node_wait = node_wait
         self.poll = poll
         self.partition_of: dict[int, int] = {}  # node id -> partition id
+        self.expected: set[int | str] = set()  # who should answer every round (see expect)
         self._failures: dict[int | str, str] = {}  # partition id (or "node <id>") -> reason
+        self._answered: set[int | str] = set()
         self._short_since: float | None = None
 
     # --- delegation -----------------------------------------------------------------
@@ -83,6 +85,13 @@ class WatchedGrid(Grid):
             )
         return nodes
 
+    def expect(self, nodes: Iterable[int], num_partitions: int | None = None) -> None:
+        """The federation: these nodes (and, if all have partition ids, partitions 0..n-1)
+        should answer every round; a round without one of them records it as failed."""
+        self.expected = {self.label(n) for n in nodes}
+        if num_partitions and all(isinstance(x, int) for x in self.expected):
+            self.expected |= set(range(num_partitions))
+
     def label(self, node_id: int) -> int | str:
         """The node's partition id when known, else "node <id>"."""
         pid = self.partition_of.get(node_id)
@@ -112,6 +121,7 @@ class WatchedGrid(Grid):
                     self._fail(node, self._reason(reply, timeout))
                 else:
                     self._learn(node, reply)
+                    self._answered.add(self.label(node))
                 replies.append((node, reply))
             if not pending or (deadline is not None and time.monotonic() >= deadline):
                 break
@@ -124,8 +134,11 @@ class WatchedGrid(Grid):
         return [reply for _, reply in replies]
 
     def take_failures(self) -> dict[int | str, str]:
-        """{partition id or "node <id>": reason} since the last call (and forget them)."""
-        out, self._failures = self._failures, {}
+        """{partition id or "node <id>": reason} since the last call (and forget them),
+        including expected members that were not online to be sent anything."""
+        for label in sorted(self.expected - self._answered - set(self._failures), key=str):
+            self._failures[label] = "offline (not online when the round started)"
+        out, self._failures, self._answered = self._failures, {}, set()
         return out
 
     @staticmethod

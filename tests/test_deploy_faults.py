@@ -78,6 +78,8 @@ def test_a_run_starts_without_a_missing_host_when_min_replies_allow_it(tmp_path)
     nodes = [{"partition-id": i, "num-partitions": 3} for i in (0, 2)]  # host 1 never came up
     rows = run(tmp_path, LoopbackGrid, node_configs=nodes, config={"min-replies": 2, "node-wait": 1.0})
     assert [r["replies"] for r in rows[1:]] == [2, 2, 2]
+    assert [r["failed-nodes"] for r in rows[1:]] == [[1], [1], [1]]
+    assert rows[1]["failures"] == ["partition 1: offline (not online when the round started)"]
 
 
 def test_local_data_trains_like_the_simulated_partition(tmp_path):

@@ -45,20 +45,23 @@ def run(cmd, timeout=240):
     return proc
 
 
+def assert_close(a, b, atol):
+    for key, value in b.items():
+        assert a[key].dtype == value.dtype, key
+        assert torch.allclose(a[key].double(), value.double(), atol=atol, rtol=0), key
+
+
 def test_two_gloo_processes_give_the_one_process_result(tmp_path):
-    """3 clients on 2 processes (2 + 1, unbalanced on purpose) vs all 3 in one process, vectorised
-    (vmap over 2, 1 and 3 clients)."""
+    """The CLI under torchrun: 3 clients on 2 processes (2 + 1, unbalanced on purpose) vs all 3
+    in one process, the default task and path."""
     keys = {"num-clients": 3, "num-rounds": 2, "local-steps": 3, "batch-size": 16, "device": "cpu",
             "results-dir": str(tmp_path)}
     overrides = " ".join(f"{k}={v}" for k, v in keys.items())
     run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
          "simulations.engine", "--config", str(ROOT / "pyproject.toml"), "--quiet",
-         "--run-config", f"{overrides} run-name=two engine-path=vmap"])
-    one = run_engine(RunConfig.from_mapping({**keys, "run-name": "one"}), EngineOptions(path="vmap"), show_progress=False)
-    two = load_weights(tmp_path / "two" / "model.pt")
-    for key, value in one.state.items():
-        assert two[key].dtype == value.dtype
-        assert torch.allclose(two[key].double(), value.double(), atol=1e-6, rtol=0), key
+         "--run-config", f"{overrides} run-name=two"])
+    one = run_engine(RunConfig.from_mapping({**keys, "run-name": "one"}), show_progress=False)
+    assert_close(load_weights(tmp_path / "two" / "model.pt"), one.state, 1e-6)
     header, rows = read_results(tmp_path / "two" / "results.jsonl")
     assert header["world-size"] == 2 and header["backend"] == "engine"
     _, one_rows = read_results(tmp_path / "one" / "results.jsonl")
@@ -104,3 +107,41 @@ def test_run_config_overrides_parse_like_flwr_run():
         EngineOptions(path="gpu")
     with pytest.raises(ValueError, match="key=value"):
         parse_overrides(["lr"])
+
+
+VMAP_WORLD = """
+import sys, torch
+from torch import nn
+from simulations.config import RunConfig
+from simulations.engine import EngineOptions, run_engine
+from simulations.partition import partition
+from tasks.digits import DigitsCNN, digits_task
+import dataclasses
+
+def smooth():  # the default model with average pooling: no argmax to flip on 1-ulp differences
+    model = DigitsCNN()
+    model.features[6] = nn.AvgPool2d(2)
+    return model
+
+task = dataclasses.replace(digits_task(), build_model=smooth)
+device = sys.argv[2] if len(sys.argv) > 2 else "cpu"
+cfg = RunConfig.from_mapping({"num-clients": 5, "num-rounds": 2, "local-steps": 3, "batch-size": 16, "device": device})
+parts = partition(task.labels, 5, "homogeneous", 0)
+result = run_engine(cfg, EngineOptions(path="vmap"), task=task, parts=parts, write_results=False, show_progress=False)
+if result.clients.start == 0:
+    state = {k: v.cpu() for k, v in result.state.items()}
+    torch.save({"state": state, "clients": list(result.clients), "rows": result.rows}, sys.argv[1])
+"""
+
+
+def test_vectorised_world_of_two_equals_one(tmp_path):
+    """vmap over 3 + 2 clients in 2 gloo processes == vmap over all 5 in one process."""
+    script = tmp_path / "vmap_world.py"
+    script.write_text(VMAP_WORLD)
+    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script),
+         str(tmp_path / "two.pt")])
+    run([sys.executable, str(script), str(tmp_path / "one.pt")])
+    two, one = torch.load(tmp_path / "two.pt"), torch.load(tmp_path / "one.pt")
+    assert two["clients"] == [0, 1, 2] and one["clients"] == [0, 1, 2, 3, 4]
+    assert_close(two["state"], one["state"], 1e-6)
+    assert two["rows"][-1]["train-loss"] == pytest.approx(one["rows"][-1]["train-loss"], rel=1e-6)

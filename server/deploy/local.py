@@ -205,7 +205,7 @@ class Deployment:
 
     def __init__(self, root: str | Path, *, num_keys: int = 2, netns: Namespaces | None = None,
                  port: int | None = None, insecure: bool = False) -> None:
-        self.root = Path(root)
+        self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.netns = netns
         self.insecure = insecure

@@ -42,6 +42,7 @@ umask 077
 # subjectAltName: localhost and 127.0.0.1 always, then every --server-host (IP or DNS name)
 san="DNS:localhost,IP:127.0.0.1"
 for h in "${hosts[@]}"; do
+  [[ "$h" == localhost || "$h" == 127.0.0.1 ]] && continue
   if [[ "$h" =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ || "$h" == *:* ]]; then san+=",IP:$h"; else san+=",DNS:$h"; fi
 done
 

@@ -91,12 +91,41 @@ def client_factors(metrics: ClientMetrics, aggregation: str, num_clients: int) -
     return metrics.column("num-examples")
 
 
-def round_vector(matrix: Tensor, metrics: ClientMetrics, factors: Tensor, reject_nonfinite: bool = True) -> Tensor:
-    """This process's share of the round: [sum_i c_i x_i | sum c_i | replies | metric sums]."""
+def _matrix_sum(matrix: Tensor, factors: Tensor, reject_nonfinite: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """sum_i w_i x_i over the rows of a [n, P] float64 matrix: one matmul (few kernels)."""
     ok = torch.isfinite(matrix).all(1) if reject_nonfinite else torch.ones_like(factors, dtype=torch.bool)
     w = torch.where(ok, factors, torch.zeros_like(factors))
-    safe = torch.where(ok[:, None], matrix, torch.zeros_like(matrix))
-    weighted = w @ safe
+    return w @ torch.where(ok[:, None], matrix, torch.zeros_like(matrix)), ok, w
+
+
+def _streamed_sum(states: Sequence[Mapping[str, Tensor]], like: Mapping[str, Tensor], factors: Tensor,
+                  reject_nonfinite: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """sum_i w_i x_i client by client into one float64 vector: no [n, P] copy (large models)."""
+    device = factors.device
+    if reject_nonfinite:
+        ok = torch.stack([torch.stack([torch.isfinite(s[k]).all() for k in like]).all() for s in states])
+    else:
+        ok = torch.ones_like(factors, dtype=torch.bool)
+    w = torch.where(ok, factors, torch.zeros_like(factors))
+    out = torch.zeros(sum(v.numel() for v in like.values()), dtype=torch.float64, device=device)
+    views = unflatten(out, like)
+    for state, weight, sound in zip(states, w.tolist(), ok.tolist(), strict=True):
+        if sound:  # a rejected client is skipped, not multiplied by 0 (0 * nan = nan)
+            for key, view in views.items():
+                view.add_(state[key].detach(), alpha=weight)
+    return out, ok, w
+
+
+def round_vector(states: Mapping[str, Tensor] | Sequence[Mapping[str, Tensor]], like: Mapping[str, Tensor],
+                 metrics: ClientMetrics, factors: Tensor, reject_nonfinite: bool = True) -> Tensor:
+    """This process's share of the round: [sum_i c_i x_i | sum c_i | replies | metric sums].
+
+    ``states``: the clients' states stacked ({key: [n, ...]}, summed by one matmul) or one
+    mapping per client (summed client by client, for models too large to copy n times)."""
+    if isinstance(states, Mapping):
+        weighted, ok, w = _matrix_sum(flat_states(states, list(like)), factors, reject_nonfinite)
+    else:
+        weighted, ok, w = _streamed_sum(states, like, factors, reject_nonfinite)
     table = metrics.table
     steps = table[:, COLUMNS.index("num-steps")]
     tail = [w.sum(), ok.double().sum()]
@@ -132,11 +161,11 @@ def finish_round(
 
 
 def average_round(
-    stacked: Mapping[str, Tensor], like: Mapping[str, Tensor], metrics: ClientMetrics, *, aggregation: str,
-    num_clients: int, world: World, reject_nonfinite: bool = True,
+    states: Mapping[str, Tensor] | Sequence[Mapping[str, Tensor]], like: Mapping[str, Tensor],
+    metrics: ClientMetrics, *, aggregation: str, num_clients: int, world: World, reject_nonfinite: bool = True,
 ) -> tuple[dict[str, Tensor] | None, dict[str, float | int]]:
-    """Average the clients of all processes (ONE all-reduce); see the module docstring."""
-    keys = list(like)
-    vector = round_vector(flat_states(stacked, keys), metrics, client_factors(metrics, aggregation, num_clients),
-                          reject_nonfinite)
+    """Average the clients of all processes (ONE all-reduce); see the module docstring.
+
+    ``states``: {key: [n, ...]} (stacked clients) or a list of the n clients' states."""
+    vector = round_vector(states, like, metrics, client_factors(metrics, aggregation, num_clients), reject_nonfinite)
     return finish_round(all_reduce_sum(vector, world), like, num_clients)

@@ -29,9 +29,8 @@ def _key(name: str, doc: str, **kw: Any) -> Any:
 class EngineOptions:
     """How the engine runs the clients placed on one device."""
 
-    path: str = _key("engine-path", "auto, vmap or sequential; auto: vmap when the model allows it (on the CPU only "
-                     "if a one-step trial finds it faster than one client after another), else sequential",
-                     default="auto")
+    path: str = _key("engine-path", "auto, vmap or sequential; auto: on CUDA vmap when the model allows it, else "
+                     "(and on the CPU) one client after another", default="auto")
     bf16: bool = _key("engine-bf16", "forward under bf16 autocast (vmap path); fp32 parameters and update",
                       default=False)
     channels_last: bool = _key("engine-channels-last", "channels-last weights and images (vmap path)", default=False)

@@ -15,15 +15,15 @@ evaluates, shows progress and writes the results. Nothing here imports flwr.
 Execution path (``engine-path``, reported on screen and in the results header): ``vmap``
 (``vectorised.py``) or ``sequential`` (``sequential.py``, one module per client). ``auto``
 probes one vmapped step and falls back to sequential when the model cannot be vmapped
-(``nn.LSTM``, random layers, a model class with ``engine_vmap = False``); on the CPU it also
-times one step of each and keeps the faster. Checkpoint/resume of the Flower path is not
-implemented here.
+(``nn.LSTM``, random layers, a model class with ``engine_vmap = False``). On the CPU ``auto``
+runs one client after another: measured (benchmarks/engine_speed.py) faster there than vmap's
+batched kernels, and bit-identical to the ClientApp. Checkpoint/resume of the Flower path is
+not implemented here.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import logging
 import math
 import time
@@ -44,7 +44,7 @@ from strategies.averaging import state_nbytes
 from strategies.schedule import decay_factor, global_epoch
 
 from .aggregate import COLUMNS, ClientMetrics, average_round
-from .distributed import World, all_reduce_sum, close_world, init_world, shard
+from .distributed import World, close_world, init_world, shard
 from .options import EngineOptions, parse_overrides, split_engine_keys
 from .progress import RoundProgress
 from .sequential import SequentialClients
@@ -138,6 +138,10 @@ class Engine:
         if o.path == "auto" and getattr(self.model, "engine_vmap", True) is False:
             self.notes.append(f"path: sequential{streams} ({type(self.model).__name__}.engine_vmap is False)")
             return self._sequential()
+        if o.path == "auto" and self.device.type == "cpu":
+            self.notes.append("path: sequential (auto on the CPU: one client after another beats vmap's batched "
+                              "kernels there and is bit-identical to the ClientApp; engine-path=vmap vectorises)")
+            return self._sequential()
         template = self.task.build_model().to(self.device)
         runner = VmapClients(template, self.task.loss, len(self.clients), count=self.count, bf16=o.bf16,
                              channels_last=o.channels_last, cuda_graphs=o.cuda_graphs, randomness=o.randomness)
@@ -146,8 +150,6 @@ class Engine:
         why = runner.probe([next(it) for it in self._iters(1)],
                            StepConfig(lr=lr, clip=clip, weight_decay=self.cfg.weight_decay,
                                       momentum=self.cfg.momentum))
-        if why is None and o.path == "auto" and self.device.type == "cpu":
-            return self._faster_on_cpu(runner)
         if why is None:
             flags = [name for name, on in (("bf16", o.bf16), ("channels-last", o.channels_last),
                                            ("cuda-graphs", o.cuda_graphs)) if on]
@@ -159,34 +161,6 @@ class Engine:
             log.warning("engine-bf16/channels-last/cuda-graphs apply to the vmap path only; ignored")
         self.notes.append(f"path: sequential{streams} (vmap cannot take {type(self.model).__name__}: {why})")
         return self._sequential()
-
-    def _faster_on_cpu(self, vectorised: VmapClients) -> VmapClients | SequentialClients:
-        """On the CPU vmap's batched kernels (grouped convolutions) can be slower than one
-        client after another: time one local step of each (CPU time, robust on a shared
-        machine), summed over all processes so that every process takes the same path."""
-        sequential = self._sequential()
-        sequential.load(self.state)
-        lr, clip = round_hparams(self.cfg, 1, self.task.train_size)
-        step = StepConfig(lr=lr, clip=clip, weight_decay=self.cfg.weight_decay, momentum=self.cfg.momentum)
-
-        def one_step(runner: VmapClients | SequentialClients) -> float:
-            iters = [itertools.islice(it, 1) for it in self._iters(1)]
-            t0 = time.process_time()
-            runner.run_round(iters, step)
-            return time.process_time() - t0
-
-        one_step(sequential)  # warm-up (the vmap step was warmed up by the probe)
-        times = torch.tensor([one_step(vectorised), one_step(sequential)], dtype=torch.float64)
-        t_vmap, t_seq = all_reduce_sum(times, self.world).tolist()
-        vectorised.load(self.state)
-        if t_vmap <= t_seq:
-            self.notes.append(f"path: vmap over {len(self.clients)} clients (faster than one after another on the "
-                              f"CPU: {t_vmap:.3g} s vs {t_seq:.3g} s CPU a step)")
-            return vectorised
-        sequential.load(self.state)
-        self.notes.append(f"path: sequential (one client after another is faster than vmap on the CPU: "
-                          f"{t_seq:.3g} s vs {t_vmap:.3g} s CPU a step; engine-path=vmap forces vmap)")
-        return sequential
 
     @property
     def path(self) -> str:
@@ -216,7 +190,7 @@ class Engine:
                 stats = self.runner.run_round(iters, step)
         else:
             stats = self.runner.run_round(iters, step, seed=self._seed(server_round))
-        state, metrics = average_round(self.runner.stacked_state(), self.state, ClientMetrics.from_stats(stats),
+        state, metrics = average_round(self.runner.client_states(), self.state, ClientMetrics.from_stats(stats),
                                        aggregation=cfg.aggregation, num_clients=cfg.num_clients, world=self.world)
         if state is not None:
             self.state = state
@@ -227,21 +201,29 @@ class Engine:
         all-reduce, then ONE clipped step on the shared parameters (as NaiveParallelClip)."""
         if isinstance(self.runner, VmapClients):
             grads, loss, scale, examples = self.runner.gradients(iters)
-        else:
-            grads, loss, scale, examples = self.runner.gradients(iters, seed=self._seed(server_round))
-        names = list(grads)
-        stacked = {**self.runner.stacked_state(), **grads}
+            names = list(grads)
+            states = {**self.runner.client_states(), **grads}
+            if scale is not None:
+                states["lr-scale"] = scale.double()
+            norms = torch.func.vmap(grad_norm)([grads[k] for k in names])
+        else:  # client by client: no stacked copy of large models
+            per_client, loss, scale, examples = self.runner.gradients(iters, seed=self._seed(server_round))
+            names = list(per_client[0])
+            states = [{**s, **g} for s, g in zip(self.runner.client_states(), per_client, strict=True)]
+            if scale is not None:
+                for s, v in zip(states, scale.double(), strict=True):
+                    s["lr-scale"] = v
+            norms = torch.stack([grad_norm(list(g.values())) for g in per_client])
         like = dict(self.state)
         if scale is not None:
-            stacked["lr-scale"] = scale.double()
             like["lr-scale"] = torch.zeros((), dtype=torch.float64, device=self.device)
         table = torch.full((loss.shape[0], len(COLUMNS)), float("nan"), dtype=torch.float64, device=self.device)
         table[:, COLUMNS.index("train-loss")] = loss.double()
-        table[:, COLUMNS.index("grad-norm")] = torch.func.vmap(grad_norm)([grads[k] for k in names]).double()
+        table[:, COLUMNS.index("grad-norm")] = norms.double()
         table[:, COLUMNS.index("num-examples")] = examples
         table[:, COLUMNS.index("num-steps")] = 1.0
         table[:, COLUMNS.index("skipped-steps")] = 0.0
-        avg, metrics = average_round(stacked, like, ClientMetrics(table), aggregation=self.cfg.aggregation,
+        avg, metrics = average_round(states, like, ClientMetrics(table), aggregation=self.cfg.aggregation,
                                      num_clients=self.cfg.num_clients, world=self.world)
         if "grad-norm" in metrics:
             metrics["client-grad-norm"] = metrics.pop("grad-norm")

@@ -58,8 +58,12 @@ class SequentialClients:
         for model in self.models:
             model.load_state_dict(state)
 
+    def client_states(self) -> list[dict[str, Tensor]]:
+        """Each client's state (the modules' own tensors, not copies)."""
+        return [m.state_dict() for m in self.models]
+
     def stacked_state(self) -> dict[str, Tensor]:
-        states = [m.state_dict() for m in self.models]
+        states = self.client_states()
         return {k: torch.stack([s[k].detach() for s in states]) for k in self.keys}
 
     @contextlib.contextmanager
@@ -122,10 +126,10 @@ class SequentialClients:
         return totals
 
     def gradients(self, iters: list[Iterator[Any]], seed: Seed | None = None,
-                  ) -> tuple[dict[str, Tensor], Tensor, Tensor | None, Tensor]:
-        """Each client's gradient on its next batch (naive parallel clipping), stacked:
-        (grads, loss [n], per-client lr_scale or None, examples [n]); the models keep the
-        buffers their forward pass updated."""
+                  ) -> tuple[list[dict[str, Tensor]], Tensor, Tensor | None, Tensor]:
+        """Each client's gradient on its next batch (naive parallel clipping): (one dict of
+        gradients per client, loss [n], per-client lr_scale or None, examples [n]); the
+        models keep the buffers their forward pass updated."""
         grads, losses, scales, examples = [], [], [], []
         with self._round():
             for i, model in enumerate(self.models):
@@ -146,7 +150,6 @@ class SequentialClients:
                     losses.append(loss.detach().float())
                     scales.append(getattr(batch, "lr_scale", None))
                     examples.append(float(self.count(batch)))
-        stacked = {k: torch.stack([g[k] for g in grads]) for k in self.trainable}
         scale = None if all(s is None for s in scales) else torch.tensor(
             [1.0 if s is None else float(s) for s in scales], device=self.device)
-        return stacked, torch.stack(losses), scale, torch.tensor(examples, dtype=torch.float64, device=self.device)
+        return grads, torch.stack(losses), scale, torch.tensor(examples, dtype=torch.float64, device=self.device)

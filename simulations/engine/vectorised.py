@@ -145,6 +145,8 @@ class VmapClients:
         both = {**self.params, **self.buffers}
         return {k: both[k] for k in self.keys}
 
+    client_states = stacked_state  # what the end of a round averages
+
     # --- the functional step ---------------------------------------------------------
     def _loss(self, params: dict[str, Tensor], buffers: dict[str, Tensor], batch: Any):
         buffers = {k: v.clone() for k, v in buffers.items()}  # BatchNorm updates these in place
