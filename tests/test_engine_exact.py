@@ -14,7 +14,7 @@ from torch import nn
 from client.sampling import round_batches
 from client.update import RoundStats, StepConfig, clipped_sgd_step, local_update
 from simulations.config import RunConfig
-from simulations.engine import EngineOptions, run_engine
+from simulations.engine import EngineOptions, aggregate, run_engine
 from simulations.engine.aggregate import ClientMetrics, average_round
 from simulations.engine.distributed import World
 from simulations.engine.sequential import SequentialClients
@@ -114,7 +114,7 @@ def test_bf16_and_channels_last_against_fp32():
     assert torch.allclose(loss["bf16"], loss["fp32"], rtol=1e-2)
 
 
-def test_average_round_is_strategies_averaging_and_rejects_nonfinite():
+def test_average_round_is_strategies_averaging_and_rejects_nonfinite(monkeypatch):
     g = torch.Generator().manual_seed(0)
     like = {"w": torch.zeros(3, 2), "bn.mean": torch.zeros(2), "bn.n": torch.zeros((), dtype=torch.int64)}
     states = [{"w": torch.randn(3, 2, generator=g), "bn.mean": torch.randn(2, generator=g),
@@ -128,8 +128,10 @@ def test_average_round_is_strategies_averaging_and_rejects_nonfinite():
             s.add(torch.tensor(1.0 + k), {"grad-norm": torch.tensor(2.0 + step), "clipped": torch.tensor(float(k % 2)),
                                           "skipped": torch.tensor(0.0)}, 8 * (k + 1))
         stats.append(s)
-    for aggregation, form in (("uniform", stacked), ("examples", stacked), ("uniform", states), ("examples", states)):
+    for aggregation, form, limit in (("uniform", stacked, 0), ("examples", stacked, 0), ("uniform", states, 0),
+                                     ("examples", states, 0), ("uniform", states, 1 << 24)):
         # stacked clients (one matmul) or a list of client states (streamed, for large models): the same
+        monkeypatch.setattr(aggregate, "STACK_LIMIT", limit)
         avg, metrics = average_round(form, like, ClientMetrics.from_stats(stats), aggregation=aggregation,
                                      num_clients=4, world=World())
         sound = [0, 1, 3]
@@ -138,11 +140,12 @@ def test_average_round_is_strategies_averaging_and_rejects_nonfinite():
         for key in like:
             assert avg[key].dtype == like[key].dtype
             assert torch.allclose(avg[key].double(), ref[key].double(), atol=1e-7), key
+        rounded = {"uniform": round((2 + 3 + 5) / 3), "examples": round((16 * 2 + 32 * 3 + 64 * 5) / 112)}
+        assert avg["bn.n"].item() == rounded[aggregation]  # integer buffer: rounded mean, dtype kept
         assert metrics["replies"] == 3 and metrics["rejected-replies"] == 1
         assert metrics["num-examples"] == 2 * 8 * (1 + 2 + 4) and metrics["num-steps"] == 6
         assert metrics["train-loss"] == pytest.approx((1 + 2 + 4) / 3)
         assert metrics["clip-fraction"] == pytest.approx(2 / 3) and metrics["grad-norm"] == pytest.approx(2.5)
-    assert avg["bn.n"].item() == round((16 * 2 + 32 * 3 + 64 * 5) / 112)  # integer buffer: rounded mean
 
 
 def mlp():

@@ -34,6 +34,9 @@ COUNTS = ("num-examples", "num-steps", "skipped-steps")
 # columns of a per-client metric table
 COLUMNS = MEANS + COUNTS
 _TAIL = 2 + 2 * len(MEANS) + len(COUNTS)  # weight total, replies, (num, den) per mean, counts
+#: Up to this many numbers (clients x state size) a list of client states is stacked and summed
+#: by one matmul; above it, summed client by client (no n-fold float64 copy of a large model).
+STACK_LIMIT = 1 << 24
 
 
 @dataclass
@@ -122,6 +125,8 @@ def round_vector(states: Mapping[str, Tensor] | Sequence[Mapping[str, Tensor]], 
 
     ``states``: the clients' states stacked ({key: [n, ...]}, summed by one matmul) or one
     mapping per client (summed client by client, for models too large to copy n times)."""
+    if not isinstance(states, Mapping) and len(states) * sum(v.numel() for v in like.values()) <= STACK_LIMIT:
+        states = {k: torch.stack([s[k].detach() for s in states]) for k in like}  # small: fewer, larger kernels
     if isinstance(states, Mapping):
         weighted, ok, w = _matrix_sum(flat_states(states, list(like)), factors, reject_nonfinite)
     else:

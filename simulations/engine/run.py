@@ -8,7 +8,9 @@ Same config keys, partitions (``client.local_round.partitions``), minibatches
 (``task.round_batches``), initial model, schedule (``strategies.schedule``), local step
 (``clipped_sgd_step``), averaging (``strategies.averaging.finalize`` semantics) and results
 file (``server.results.ResultsWriter``, the Flower path's row keys) as ``flwr run``: for the
-same seed the global model matches the Flower path's to float rounding. Each process runs a
+same seed the per-client path reproduces the Flower path bit for bit, the vmap path to float
+rounding (a max-pool window whose inputs tie can route its gradient differently: see
+tests/test_engine_parity.py). Each process runs a
 balanced block of clients (``distributed.shard``); a round ends with ONE all-reduce. Process 0
 evaluates, shows progress and writes the results. Nothing here imports flwr.
 

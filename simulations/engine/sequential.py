@@ -143,10 +143,10 @@ class SequentialClients:
                         p.grad = None
                     loss = self.loss_fn(model, batch)
                     loss.backward()
-                    grads.append({k: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+                    grads.append({k: p.grad.detach() if p.grad is not None else torch.zeros_like(p)
                                   for k, p in named})
                     for _, p in named:
-                        p.grad = None
+                        p.grad = None  # the gradient now lives in ``grads`` only (no copy)
                     losses.append(loss.detach().float())
                     scales.append(getattr(batch, "lr_scale", None))
                     examples.append(float(self.count(batch)))
