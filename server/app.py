@@ -7,7 +7,6 @@ from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
@@ -18,7 +17,7 @@ from strategies.averaging import state_nbytes
 from strategies.celgc import CELGC
 from strategies.naive import NaiveParallelClip
 from strategies.schedule import global_epoch
-from tasks import load_task
+from tasks import initial_model, load_task
 
 from .checkpoint import (
     Checkpoint,
@@ -39,12 +38,6 @@ app = ServerApp()
 class FederationError(RuntimeError):
     """The connected nodes do not match the run's num-clients."""
 
-
-def initial_model(task: Any, seed: int) -> torch.nn.Module:
-    """The task's model initialised from ``seed`` without touching the global RNG state."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return task.build_model()
 
 
 def build_strategy(cfg: RunConfig, train_size: int) -> CELGC:
@@ -147,14 +140,11 @@ def resume_point(cfg: RunConfig, folder: Path, strategy: object) -> Checkpoint |
     return ckpt
 
 
-def run_name(cfg: RunConfig) -> str:
-    return cfg.run_name or f"{cfg.task}-{cfg.algorithm}-I{cfg.local_steps}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = RunConfig.from_mapping(dict(context.run_config))
-    folder = (Path(cfg.results_dir) / run_name(cfg)).resolve()
+    folder = (Path(cfg.results_dir) / cfg.folder_name()).resolve()
     log(INFO, "CELGC run: %s -> results in %s", cfg.task, folder)
     task = load_task(cfg)
     device = pick_device(cfg.device)

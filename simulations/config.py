@@ -97,6 +97,12 @@ class RunConfig:
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
+    def folder_name(self) -> str:
+        """The results sub-folder: ``run-name``, or <task>-<algorithm>-I<local-steps>-s<seed>-<time>."""
+        import time
+
+        return self.run_name or f"{self.task}-{self.algorithm}-I{self.local_steps}-s{self.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+
     @property
     def required_replies(self) -> int:
         return self.min_replies or self.num_clients

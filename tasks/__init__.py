@@ -38,3 +38,17 @@ def load_task(cfg: RunConfig) -> Any:
 
         return language_task(cfg.task, cfg.data_dir)
     raise ValueError(f"unknown task {cfg.task!r}")
+
+
+def initial_model(task: Any, seed: int) -> Any:
+    """The task's model initialised from ``seed`` without touching the global RNG state.
+
+    Every backend (ServerApp, fast engine) starts from this model, so a seed means the same
+    initial weights everywhere.
+    """
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return task.build_model()
+

@@ -25,12 +25,12 @@ import tasks.digits  # noqa: E402
 from client.app import app as client_app  # noqa: E402
 from loopback_grid import LoopbackGrid, run_server_app  # noqa: E402
 from server.app import app as server_app  # noqa: E402
-from server.app import initial_model as server_initial_model  # noqa: E402
 from server.results import load_weights, read_results  # noqa: E402
 from simulations.config import RunConfig  # noqa: E402
 from simulations.engine import EngineOptions, run_engine  # noqa: E402
-from simulations.engine.run import initial_model  # noqa: E402
-from tasks import load_task  # noqa: E402
+from tasks import (
+    load_task,  # noqa: E402
+)
 from tasks.digits import DigitsCNN  # noqa: E402
 
 BASE = {"num-clients": 4, "num-rounds": 2, "batch-size": 16, "device": "cpu", "node-wait": 2.0}
@@ -73,12 +73,6 @@ def assert_same_run(flower_run, engine_run, exact):
                 assert e[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
             else:
                 assert e[key] == value, key
-
-
-def test_initial_model_is_the_server_apps():
-    task = load_task(RunConfig())
-    a, b = initial_model(task, 3).state_dict(), server_initial_model(task, 3).state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 CASES = {

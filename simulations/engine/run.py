@@ -44,6 +44,7 @@ from server.results import ResultsWriter, save_weights
 from simulations.config import RunConfig
 from strategies.averaging import state_nbytes
 from strategies.schedule import decay_factor, global_epoch
+from tasks import initial_model
 
 from .aggregate import COLUMNS, ClientMetrics, average_round
 from .distributed import World, close_world, init_world, shard
@@ -55,20 +56,6 @@ from .vectorised import VmapClients, default_count
 log = logging.getLogger("simulations.engine")
 
 
-def initial_model(task: Any, seed: int) -> torch.nn.Module:
-    """The task's model initialised from ``seed`` without touching the global RNG state.
-
-    The same construction as ``server.app.initial_model`` (a test checks they agree); kept
-    here because ``server.app`` imports flwr.
-    """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return task.build_model()
-
-
-def run_name(cfg: RunConfig) -> str:
-    """The results sub-folder, named as ``server.app.run_name`` names it."""
-    return cfg.run_name or f"{cfg.task}-{cfg.algorithm}-I{cfg.local_steps}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def round_hparams(cfg: RunConfig, server_round: int, train_size: int) -> tuple[float, float]:
@@ -274,7 +261,7 @@ def _run(cfg: RunConfig, options: EngineOptions, world: World, task: Any, parts:
     train_size = engine.task.train_size
     writer, folder = None, None
     if main and write_results:
-        folder = (Path(cfg.results_dir) / run_name(cfg)).resolve()
+        folder = (Path(cfg.results_dir) / cfg.folder_name()).resolve()
         writer = ResultsWriter(folder, cfg.to_mapping(), {
             "train-size": train_size, "model-bytes": model_bytes, "backend": "engine", "world-size": world.size,
             "engine": {**options.to_mapping(), "path": engine.path, "device": str(engine.device),
