@@ -7,12 +7,13 @@ initial model). Used by the runner, the plots and the demo; pure Python (rich on
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from server.results import read_results
 
 RESULTS_FILE = "results.jsonl"
 
@@ -67,16 +68,7 @@ def load_run(folder: str | Path) -> Run:
     path = Path(folder)
     if path.is_dir():
         path = path / RESULTS_FILE
-    header: dict[str, Any] = {}
-    rows = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        obj = json.loads(line)
-        if obj.get("kind") == "header":
-            header = obj
-        else:
-            rows.append(obj)
+    header, rows = read_results(path)
     return Run(path.parent, header, rows)
 
 

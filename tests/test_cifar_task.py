@@ -17,16 +17,6 @@ from tasks import load_task
 from tasks.cifar import BATCHES_DIR, CIFAR10_MEAN, CIFAR10_STD, TEST_BATCH, TRAIN_BATCHES
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Small models on a shared CPU: one intra-op thread; two stall on every op when busy."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-
 def fake_cifar(root, n=8):
     folder = root / BATCHES_DIR
     folder.mkdir(parents=True)

@@ -31,13 +31,6 @@ PAPER = {  # N, local batch, lr, clip, milestones, local steps of CELGC runs, gl
     "wikitext2": (8, 10, 30.0, 7.5, (), {2, 4, 8, 16}, 150),
 }
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Small models on a shared CPU: one intra-op thread; two stall on every op when busy."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 

@@ -19,13 +19,6 @@ from tasks.text import text_regions, text_shards
 
 TINY = {"emb_size": 8, "hidden_size": 12, "num_layers": 2}
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Small models on a shared CPU: one intra-op thread; two stall on every op when busy."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 

@@ -22,16 +22,6 @@ from strategies.clipped_sgd import StepConfig, clipped_sgd_step
 from tasks import load_task
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Small models on a shared CPU: one intra-op thread; two stall on every op when busy."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-
 class Reply:
     """What aggregate_train reads from a reply Message."""
 

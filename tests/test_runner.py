@@ -5,7 +5,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from simulations import runner
 from simulations.summary import load_run
@@ -13,13 +12,6 @@ from simulations.summary import load_run
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "simulations" / "experiments"
 QUICK = {"num-rounds": 2, "num-clients": 2, "node-wait": 5.0}
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Small models on a shared CPU: one intra-op thread; two stall on every op when busy."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 
