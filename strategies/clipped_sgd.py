@@ -76,6 +76,8 @@ def clipped_sgd_step(
     ``stats``: ``grad-norm``, ``clipped`` (1.0 if clip / |g| < lr), ``skipped`` (1.0 if
     the norm was not finite), all 0-dim tensors.
     """
+    if _plain_cpu(params, grads, lr_scale):
+        return _cpu_step(params, grads, bufs, cfg, float(lr_scale))
     norm = grad_norm(grads)
     lr = cfg.lr * lr_scale
     clip = cfg.clip * lr_scale
@@ -90,4 +92,38 @@ def clipped_sgd_step(
             new_bufs.append(d)
         new_params.append(torch.where(finite, x - size.to(x.dtype) * d, x))
     stats = {"grad-norm": norm, "clipped": clipped, "skipped": (~finite).float()}
+    return new_params, new_bufs, stats
+
+
+def _plain_cpu(params: list[Tensor], grads: list[Tensor], lr_scale: float | Tensor) -> bool:
+    """Ordinary fp32 CPU tensors (not under vmap/grad): reading the norm costs no sync."""
+    tensors = (*params, *grads) + ((lr_scale,) if isinstance(lr_scale, Tensor) else ())
+    return all(
+        t.device.type == "cpu" and t.dtype == torch.float32 and not torch._C._functorch.is_functorch_wrapped_tensor(t)
+        for t in tensors
+    )
+
+
+def _cpu_step(
+    params: list[Tensor], grads: list[Tensor], bufs: list[Tensor] | None, cfg: StepConfig, lr_scale: float
+) -> tuple[list[Tensor], list[Tensor] | None, dict[str, Tensor]]:
+    """The same step on the CPU with a few fused foreach kernels instead of ~4 ops a tensor.
+
+    On the CPU a host read is free, so the skip of a non-finite step is a Python branch;
+    the update is ``x + (-size) * d`` as torch.optim.SGD computes it.
+    """
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    n = float(norm)
+    lr, clip = cfg.lr * lr_scale, cfg.clip * lr_scale
+    if not math.isfinite(n):
+        stats = {"grad-norm": norm, "clipped": torch.zeros(()), "skipped": torch.ones(())}
+        return list(params), (list(bufs) if bufs is not None else None), stats
+    ratio = clip / n if n > 0 else math.inf
+    d = grads if cfg.weight_decay == 0 else torch._foreach_add(grads, params, alpha=cfg.weight_decay)
+    new_bufs = None
+    if bufs is not None:
+        new_bufs = torch._foreach_add(torch._foreach_mul(bufs, cfg.momentum), d)
+        d = new_bufs
+    new_params = torch._foreach_add(params, d, alpha=-min(lr, ratio))
+    stats = {"grad-norm": norm, "clipped": torch.tensor(float(ratio < lr)), "skipped": torch.zeros(())}
     return new_params, new_bufs, stats
