@@ -122,8 +122,8 @@ def _cpu_step(
     d = grads if cfg.weight_decay == 0 else torch._foreach_add(grads, params, alpha=cfg.weight_decay)
     new_bufs = None
     if bufs is not None:
-        new_bufs = torch._foreach_add(torch._foreach_mul(bufs, cfg.momentum), d)
+        new_bufs = list(torch._foreach_add(torch._foreach_mul(bufs, cfg.momentum), d))
         d = new_bufs
-    new_params = torch._foreach_add(params, d, alpha=-min(lr, ratio))
+    new_params = list(torch._foreach_add(params, d, alpha=-min(lr, ratio)))
     stats = {"grad-norm": norm, "clipped": torch.tensor(float(ratio < lr)), "skipped": torch.zeros(())}
     return new_params, new_bufs, stats

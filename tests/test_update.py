@@ -116,3 +116,26 @@ def test_metrics_report_loss_norm_examples_steps():
 def test_step_config_rejects_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
         StepConfig(**kwargs)
+
+
+@pytest.mark.parametrize("clip,wd,mu,bad", [(0.05, 0.0, 0.0, False), (math.inf, 1e-2, 0.9, False), (0.1, 1e-3, 0.5, True)])
+def test_cpu_fast_path_equals_the_vmappable_path(monkeypatch, clip, wd, mu, bad):
+    import strategies.clipped_sgd as cs
+
+    g = torch.Generator().manual_seed(0)
+    params = [torch.randn(4, 3, generator=g), torch.randn(3, generator=g)]
+    grads = [torch.randn(4, 3, generator=g), torch.randn(3, generator=g)]
+    if bad:
+        grads[1][0] = float("nan")
+    bufs = [torch.randn_like(p) for p in params] if mu else None
+    cfg = StepConfig(lr=0.5, clip=clip, weight_decay=wd, momentum=mu)
+    assert cs._plain_cpu(params, grads, 1.0)
+    fast = clipped_sgd_step(params, grads, bufs, cfg, lr_scale=0.7)
+    monkeypatch.setattr(cs, "_plain_cpu", lambda *a: False)
+    slow = clipped_sgd_step(params, grads, bufs, cfg, lr_scale=0.7)
+    for a, b in zip([*fast[0], *(fast[1] or [])], [*slow[0], *(slow[1] or [])]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    for key in ("clipped", "skipped"):
+        assert fast[2][key].item() == slow[2][key].item()
+    if not bad:
+        torch.testing.assert_close(fast[2]["grad-norm"], slow[2]["grad-norm"])
