@@ -11,6 +11,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from simulations.config import RunConfig
+from strategies.naive import GRADIENT_MODE
 
 from .local_data import local_data
 from .local_round import cached_task, gradient_round, partitions, pick_device, train_round
@@ -50,7 +51,7 @@ def train(msg: Message, context: Context) -> Message:
     data = (local.task, local.indices) if local else None
     config = msg.content["config"]
     state = msg.content["arrays"].to_torch_state_dict()
-    if config.get("mode") == "gradient":  # naive parallel clipping: the gradient, not a local update
+    if config.get("mode") == GRADIENT_MODE:  # naive parallel clipping: the gradient, not a local update
         grads, buffers, metrics = gradient_round(cfg, pid, int(config["server-round"]), state, dict(config), data)
         if not local or local.partition_id is not None:
             metrics["partition-id"] = pid

@@ -1,20 +1,10 @@
-"""The local update of CELGC: clipped SGD on one client, pure PyTorch.
+"""The local update of CELGC: I clipped-SGD steps on one client's model, pure PyTorch.
 
-One local step, as in Liu et al. 2022 (arXiv 2205.05040), Algorithm 1::
-
-    g   = grad F_i(x; xi)                    stochastic gradient
-    |g| = one global L2 norm over ALL parameters of the raw gradient
-    d   = g + wd * x        (buf = mu * buf + d, d = buf   if mu > 0, as torch.optim.SGD)
-    x  <- x - min(lr, clip / |g|) * d
-
-A step whose gradient norm is not finite is skipped (parameters and momentum buffer
-unchanged) and counted. ``clip = inf`` is plain SGD; with ``wd = mu = 0`` the step equals
-``clip_grad_norm_(max_norm=clip / lr)`` followed by SGD(lr).
-
-``clipped_sgd_step`` is functional (returns new tensors) so the same code runs on one
-client's parameters here and, under ``torch.func.vmap``, on N stacked clients in the fast
-engine. ``local_update`` drives an ``nn.Module`` through I steps. Nothing here calls
-``.item()``: metrics stay on the device until the caller reads them once per round.
+The step itself (one global gradient norm, x <- x - min(lr, clip/|g|)(g + wd x), skip of
+non-finite steps) is ``strategies.clipped_sgd.clipped_sgd_step``, shared with the naive
+server and the fast engine; its names stay importable from here. ``local_update`` drives an
+``nn.Module`` through a round's batches. Nothing here calls ``.item()`` inside the loop:
+metrics stay on the device until the caller reads them once per round.
 """
 
 from __future__ import annotations

@@ -11,13 +11,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, M
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
-from client.local_round import partitions, pick_device
+from client.local_round import cached_task, partitions, pick_device
 from simulations.config import RunConfig
 from strategies.averaging import state_nbytes
 from strategies.celgc import CELGC
 from strategies.naive import NaiveParallelClip
-from strategies.schedule import global_epoch
-from tasks import initial_model, load_task
+from tasks import initial_model
 
 from .checkpoint import (
     Checkpoint,
@@ -146,7 +145,7 @@ def main(grid: Grid, context: Context) -> None:
     cfg = RunConfig.from_mapping(dict(context.run_config))
     folder = (Path(cfg.results_dir) / cfg.folder_name()).resolve()
     log(INFO, "CELGC run: %s -> results in %s", cfg.task, folder)
-    task = load_task(cfg)
+    task = cached_task(cfg)
     device = pick_device(cfg.device)
     check_partitions(cfg)
     model = initial_model(task, cfg.seed).to(device)
@@ -167,7 +166,7 @@ def main(grid: Grid, context: Context) -> None:
         t0 = time.monotonic()
         row: dict[str, Any] = {
             "round": server_round,
-            "global-epoch": global_epoch(server_round, cfg.num_clients, cfg.local_steps, cfg.batch_size, task.train_size),
+            "global-epoch": strategy.epoch_at(server_round, cfg.num_clients),
             "communication-rounds": server_round,
         }
         if server_round > 0:

@@ -16,10 +16,11 @@ from typing import Any
 
 import tomllib
 
+from strategies.averaging import AGGREGATIONS
+
 TASKS = ("digits", "cifar10", "ptb", "wikitext2")
 ALGORITHMS = ("celgc", "local-sgd", "naive")
 PARTITIONERS = ("homogeneous", "similarity", "dirichlet")
-AGGREGATIONS = ("uniform", "examples")
 DEVICES = ("auto", "cpu", "cuda")
 
 

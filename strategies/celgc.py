@@ -13,7 +13,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
 
 from .averaging import AGGREGATIONS, average_states, check_state, client_weights, state_nbytes
-from .schedule import decay_factor, global_epoch
+from .schedule import global_epoch, scheduled
 
 # Per-step means (weighted by each reply's num-steps) and per-round sums of client metrics.
 STEP_MEANS = ("train-loss", "clip-fraction", "grad-norm")
@@ -140,9 +140,10 @@ class CELGC(FedAvg):
 
     def round_hparams(self, server_round: int, clients_per_round: int) -> tuple[float, float]:
         """(lr, clip) of a round after the schedule (epochs completed before the round)."""
-        epoch = self.epoch_at(server_round - 1, clients_per_round)
-        factor = 1.0 if epoch is None else decay_factor(epoch, self.lr_milestones, self.lr_decay)
-        return self.lr * factor, self.clip * factor
+        if self.train_size is None:
+            return self.lr, self.clip
+        return scheduled(self.lr, self.clip, server_round - 1, clients_per_round, self.local_steps, self.batch_size,
+                         self.train_size, self.lr_milestones, self.lr_decay)
 
     def round_config(self, server_round: int, clients_per_round: int) -> dict[str, float | int]:
         lr, clip = self.round_hparams(server_round, clients_per_round)

@@ -58,7 +58,7 @@ def grad_norm(grads: list[Tensor]) -> Tensor:
 
 def step_size(norm: Tensor, lr: float | Tensor, clip: float | Tensor) -> Tensor:
     """min(lr, clip / norm); 0 where the norm is not finite (the step is skipped)."""
-    size = torch.minimum(torch.as_tensor(lr, dtype=norm.dtype, device=norm.device), clip / norm)
+    size = torch.clamp(clip / norm, max=lr)  # lr as a bound: no host-to-device copy per step
     return torch.where(torch.isfinite(norm), size, torch.zeros_like(size))
 
 

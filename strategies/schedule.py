@@ -18,6 +18,16 @@ def global_epoch(rounds_done: int, num_clients: int, local_steps: int, batch_siz
     return rounds_done * num_clients * local_steps * batch_size / train_size
 
 
+def scheduled(
+    lr: float, clip: float, rounds_done: int, num_clients: int, local_steps: int, batch_size: int,
+    train_size: int, milestones: Sequence[float], decay: float,
+) -> tuple[float, float]:
+    """(lr, clip) after the schedule, for a round that starts after ``rounds_done`` rounds."""
+    epoch = global_epoch(rounds_done, num_clients, local_steps, batch_size, train_size)
+    factor = decay_factor(epoch, milestones, decay)
+    return lr * factor, clip * factor
+
+
 def decay_factor(epoch: float, milestones: Sequence[float], decay: float) -> float:
     """decay ** (number of milestones reached at ``epoch``)."""
     return decay ** sum(1 for m in milestones if epoch >= m)

@@ -184,10 +184,13 @@ def batchify(stream: Tensor, batch_size: int) -> Tensor:
     if stream.dim() != 1:
         raise ValueError(f"batchify needs a 1-D token stream, got shape {list(stream.shape)}")
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise ValueError(f"batch-size must be >= 1, got {batch_size}")
     steps = stream.numel() // batch_size
     if steps < 2:
-        raise ValueError(f"a stream of {stream.numel()} tokens is too short for batch size {batch_size}")
+        raise ValueError(
+            f"a stream of {stream.numel()} tokens is too short for batch-size {batch_size} "
+            "(lower batch-size or num-clients)"
+        )
     return stream[: steps * batch_size].view(batch_size, steps).t().contiguous()
 
 

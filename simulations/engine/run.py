@@ -43,7 +43,7 @@ from client.update import StepConfig, clipped_sgd_step, grad_norm
 from server.results import ResultsWriter, save_weights
 from simulations.config import RunConfig
 from strategies.averaging import state_nbytes
-from strategies.schedule import decay_factor, global_epoch
+from strategies.schedule import global_epoch, scheduled
 from tasks import initial_model
 
 from .aggregate import COLUMNS, ClientMetrics, average_round
@@ -60,13 +60,8 @@ log = logging.getLogger("simulations.engine")
 
 def round_hparams(cfg: RunConfig, server_round: int, train_size: int) -> tuple[float, float]:
     """(lr, clip) of a round: the paper's schedule on global epochs done before it."""
-    epoch = global_epoch(server_round - 1, cfg.num_clients, local_steps(cfg), cfg.batch_size, train_size)
-    factor = decay_factor(epoch, cfg.lr_milestones, cfg.lr_decay)
-    return cfg.lr * factor, cfg.clip * factor
-
-
-def local_steps(cfg: RunConfig) -> int:
-    return 1 if cfg.algorithm == "naive" else cfg.local_steps
+    return scheduled(cfg.lr, cfg.clip, server_round - 1, cfg.num_clients, cfg.local_steps, cfg.batch_size,
+                     train_size, cfg.lr_milestones, cfg.lr_decay)
 
 
 def engine_device(cfg: RunConfig, world: World) -> torch.device:
@@ -110,7 +105,7 @@ class Engine:
     # --- execution path ----------------------------------------------------------------
     def _iters(self, server_round: int) -> list[Any]:
         return [self.task.round_batches(self.parts[pid], seed=self.cfg.seed, partition_id=pid,
-                                        server_round=server_round, local_steps=local_steps(self.cfg),
+                                        server_round=server_round, local_steps=self.cfg.local_steps,
                                         batch_size=self.cfg.batch_size, device=self.device)
                 for pid in self.clients]
 
@@ -277,7 +272,7 @@ def _run(cfg: RunConfig, options: EngineOptions, world: World, task: Any, parts:
         for server_round in range(cfg.num_rounds + 1):
             row: dict[str, Any] = {
                 "round": server_round,
-                "global-epoch": global_epoch(server_round, cfg.num_clients, local_steps(cfg), cfg.batch_size,
+                "global-epoch": global_epoch(server_round, cfg.num_clients, cfg.local_steps, cfg.batch_size,
                                              train_size),
                 "communication-rounds": server_round,
             }
