@@ -25,6 +25,7 @@ probability 1/2) done for a whole batch with one gather, drawn from a ``torch.Ge
 from __future__ import annotations
 
 import codecs
+import functools
 import io
 import pickle
 import tarfile
@@ -219,6 +220,12 @@ def load_cifar10(data_dir: str | Path, download: bool = False) -> tuple[Tensor, 
 
 
 # --------------------------------------------------------------------------- device side
+@functools.lru_cache(maxsize=8)
+def _channel_stats(mean: tuple, std: tuple, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Mean and std as tensors on ``device``, made once (not a host-to-device copy per batch)."""
+    return torch.tensor(mean, dtype=dtype, device=device), torch.tensor(std, dtype=dtype, device=device)
+
+
 def normalize(
     images: Tensor,
     mean: Sequence[float] = CIFAR10_MEAN,
@@ -228,8 +235,7 @@ def normalize(
     """``uint8`` [..., 32, 32, 3] (HWC) -> float32 [..., 3, 32, 32], scaled to [0, 1] and
     standardised per channel. With ``channels_last`` the result keeps NHWC strides."""
     x = images.to(torch.float32) / 255.0
-    m = torch.tensor(mean, dtype=x.dtype, device=x.device)
-    s = torch.tensor(std, dtype=x.dtype, device=x.device)
+    m, s = _channel_stats(tuple(mean), tuple(std), x.dtype, x.device)
     x = ((x - m) / s).movedim(-1, -3)
     if channels_last and x.dim() == 4:
         return x.contiguous(memory_format=torch.channels_last)

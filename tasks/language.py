@@ -168,12 +168,15 @@ class LanguageModelTask:
         local_steps: int, batch_size: int, device: torch.device,
     ) -> Iterator[LMBatch]:
         """The round's windows of client ``partition_id`` (its token stream), on ``device``."""
-        rows = batchify(partition, batch_size)
+        key = ("train", partition.data_ptr(), partition.numel(), batch_size, str(device))
+        if key not in self._device_cache:  # the client's rows move to the device once, not every round
+            self._device_cache[key] = batchify(partition, batch_size).to(device)
+        rows = self._device_cache[key]
         windows = round_windows(rows.shape[0], seed=seed, server_round=server_round,
                                 local_steps=local_steps, bptt=self.bptt)
         carry: dict = {"hidden": None}
         for step, (i, n, scale, reset) in enumerate(windows):
-            chunk = rows[i : i + n + 1].to(device, non_blocking=True)
+            chunk = rows[i : i + n + 1]
             yield LMBatch(chunk[:-1], chunk[1:], scale, reset,
                           _seed(seed, partition_id, server_round, step, 0x64726F70), carry)  # "drop"
 
