@@ -64,8 +64,14 @@ def init_world(device_type: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> World:
 
 
 def close_world(world: World) -> None:
+    """Tear the group down together: a barrier first, so no process destroys its gloo
+    context while a peer still uses it (seen as 'terminate called without an active
+    exception', SIGABRT, at exit on a loaded 2-core machine)."""
     if world.distributed and dist.is_initialized():
-        dist.destroy_process_group()
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
 
 
 def shard(num_clients: int, world_size: int, rank: int) -> range:
