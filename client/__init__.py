@@ -1,2 +1,2 @@
 """Client side: the ClientApp (``client.app``) and its pure math (``client.update``,
-``client.sampling``), which import no flwr."""
+``tasks.sampling``), which import no flwr."""

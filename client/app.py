@@ -10,11 +10,14 @@ from __future__ import annotations
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from simulations.config import RunConfig
+from tasks.config import RunConfig
 from strategies.naive import GRADIENT_MODE
 
 from .local_data import local_data
-from .local_round import cached_task, gradient_round, partitions, pick_device, train_round
+from tasks import cached_task, partitions
+from tasks.device import pick_device
+
+from .local_round import gradient_round, train_round
 
 app = ClientApp()
 

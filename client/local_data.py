@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from simulations.config import RunConfig
+from tasks.config import RunConfig
 
 KEY = "local-data"
 FILES = {"digits": "digits.npz"}
@@ -78,7 +78,7 @@ def read_digits(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
 def _load(cfg: RunConfig, path: str, stamp: tuple[int, int]) -> tuple[object, np.ndarray, int]:
     from tasks.digits import standardize
 
-    from .local_round import cached_task
+    from tasks import cached_task
 
     x, y = read_digits(path)
     base = cached_task(cfg)
@@ -113,7 +113,7 @@ def export_partition(cfg: RunConfig, partition_id: int, directory: str | Path) -
     """Write simulated partition ``partition_id`` in the local-data format (for tests and demos)."""
     from tasks.digits import raw_train
 
-    from .local_round import partitions
+    from tasks import partitions
 
     if cfg.task != "digits":
         raise ValueError(f"export is defined for task digits only, got {cfg.task!r}")

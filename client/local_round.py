@@ -5,42 +5,16 @@ Shared by the ClientApp and by the tests that check the Flower path against a pl
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import torch
 
-from simulations.config import RunConfig
-from simulations.partition import partition as make_partition
-from tasks import load_task
+from tasks import cached_task, partitions
+from tasks.config import RunConfig
+from tasks.device import pick_device
 
 from .update import StepConfig, grad_norm, local_update
-
-
-def pick_device(name: str) -> torch.device:
-    """auto: the (first visible) GPU when CUDA is present, else the CPU."""
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device is 'cuda' but CUDA is not available here; use device=\"auto\" or \"cpu\"")
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-@lru_cache(maxsize=4)
-def cached_task(cfg: RunConfig) -> Any:
-    return load_task(cfg)
-
-
-@lru_cache(maxsize=4)
-def partitions(cfg: RunConfig) -> tuple[np.ndarray, ...]:
-    """All clients' index sets, from (seed, num-clients, partitioner) alone."""
-    task = cached_task(cfg)
-    if hasattr(task, "client_partitions"):  # e.g. language models: one token stream per client
-        return tuple(task.client_partitions(cfg))
-    parts = make_partition(task.labels, cfg.num_clients, cfg.partitioner, cfg.seed,
-                           similarity=cfg.similarity, alpha=cfg.dirichlet_alpha)
-    return tuple(parts)
 
 
 def train_round(

@@ -11,8 +11,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, M
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
-from client.local_round import cached_task, partitions, pick_device
-from simulations.config import RunConfig
+from tasks import cached_task, partitions
+from tasks.device import pick_device
+from tasks.config import RunConfig
 from strategies.averaging import state_nbytes
 from strategies.celgc import CELGC
 from strategies.naive import NaiveParallelClip

@@ -94,7 +94,7 @@ def run_in_process(run_config: dict, num_nodes: int | None = None) -> None:
     in this process; ``run_config`` holds run-config keys (missing ones take the defaults)."""
     from client.app import app as client_app
     from server.app import app as server_app
-    from simulations.config import RunConfig
+    from tasks.config import RunConfig
 
     cfg = {**RunConfig().to_mapping(), **run_config}
     nodes = num_nodes or RunConfig.from_mapping(cfg).num_clients

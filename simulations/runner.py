@@ -47,7 +47,7 @@ from typing import Any
 
 import tomllib
 
-from .config import RunConfig
+from tasks.config import RunConfig
 from .summary import find_runs, load_run, print_table, summarize
 
 APP_DIR = Path(__file__).resolve().parents[1]  # the Flower app: the folder of pyproject.toml

@@ -10,10 +10,13 @@ may carry ``lr_scale`` (multiplies that step's lr and clip).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from simulations.config import RunConfig
+    import numpy as np
+
+    from .config import RunConfig
 
 
 def load_task(cfg: RunConfig) -> Any:
@@ -52,3 +55,21 @@ def initial_model(task: Any, seed: int) -> Any:
         torch.manual_seed(seed)
         return task.build_model()
 
+
+
+@lru_cache(maxsize=4)
+def cached_task(cfg: RunConfig) -> Any:
+    """``load_task(cfg)``, loaded once per process for each config."""
+    return load_task(cfg)
+
+
+@lru_cache(maxsize=4)
+def partitions(cfg: RunConfig) -> tuple[np.ndarray, ...]:
+    """All clients' index sets, from (seed, num-clients, partitioner) alone."""
+    from .partition import partition
+
+    task = cached_task(cfg)
+    if hasattr(task, "client_partitions"):  # e.g. language models: one token stream per client
+        return tuple(task.client_partitions(cfg))
+    return tuple(partition(task.labels, cfg.num_clients, cfg.partitioner, cfg.seed,
+                           similarity=cfg.similarity, alpha=cfg.dirichlet_alpha))

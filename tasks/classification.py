@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from client.sampling import round_batches
+from tasks.sampling import round_batches
 
 Augment = Callable[[Tensor, torch.Generator], Tensor]
 

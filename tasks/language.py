@@ -54,7 +54,7 @@ from .awd_lstm import AWDLSTM, ar_tar_loss, detach_hidden
 from .text import Corpus, batchify, load_corpus, sample_seq_len, text_regions, text_shards
 
 if TYPE_CHECKING:
-    from simulations.config import RunConfig
+    from tasks.config import RunConfig
 
 #: Model sizes by task (the paper: 3 layers, embedding 400, hidden 1150, tied weights).
 #: Tests monkeypatch these to tiny values.

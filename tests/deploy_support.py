@@ -16,7 +16,7 @@ from client.app import app as client_app
 from loopback_grid import LoopbackGrid, run_server_app
 from server.app import app as server_app
 from server.results import load_weights
-from simulations.config import RunConfig
+from tasks.config import RunConfig
 
 # Small and fast: a round costs ~10-15 s of Flower process spawning on 2 cores anyway.
 DEPLOY_CONFIG = {"num-clients": 2, "num-rounds": 2, "local-steps": 2, "batch-size": 16, "device": "cpu",

@@ -13,7 +13,7 @@ from loopback_grid import LoopbackGrid, run_server_app
 from server.app import FederationError
 from server.app import app as server_app
 from server.results import load_weights, read_results
-from simulations.config import RunConfig
+from tasks.config import RunConfig
 
 
 def run(tmp_path, name="run", num_nodes=None, num_partitions=None, node_configs=None, **overrides):

@@ -28,7 +28,7 @@ from server.checkpoint import (
     save_checkpoint,
 )
 from server.results import load_weights, read_results
-from simulations.config import RunConfig
+from tasks.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

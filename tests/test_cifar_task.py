@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-import client.local_round as local_round
+import tasks as local_round
 import tasks.cifar_task as cifar_task
 from loopback_grid import run_in_process
 from server.results import read_results
-from simulations.config import RunConfig
+from tasks.config import RunConfig
 from tasks import load_task
 from tasks.cifar import BATCHES_DIR, CIFAR10_MEAN, CIFAR10_STD, TEST_BATCH, TRAIN_BATCHES
 

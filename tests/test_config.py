@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from simulations.config import RunConfig, config_keys
+from tasks.config import RunConfig, config_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 

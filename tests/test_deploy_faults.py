@@ -22,10 +22,10 @@ from client.local_data import export_partition, read_digits
 from loopback_grid import LoopbackGrid, run_server_app
 from server.app import app as server_app
 from server.checkpoint import load_checkpoint
-from server.deploy.local import Deployment, Proc, last_record
+from simulations.deploy import Deployment, Proc, last_record
 from server.faults import NotEnoughNodes
 from server.results import read_results
-from simulations.config import RunConfig
+from tasks.config import RunConfig
 
 THREE = {**DEPLOY_CONFIG, "num-clients": 3, "num-rounds": 3, "node-wait": 2.0}
 

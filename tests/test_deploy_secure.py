@@ -12,7 +12,7 @@ import subprocess
 
 from deploy_support import DEPLOY_CONFIG, assert_same_weights, needs_openssl, reference_run
 
-from server.deploy.local import DEPLOY, Deployment, free_port
+from simulations.deploy import DEPLOY, Deployment, free_port
 from server.results import read_results
 
 pytestmark = needs_openssl

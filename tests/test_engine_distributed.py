@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from server.results import load_weights, read_results
-from simulations.config import RunConfig
+from tasks.config import RunConfig
 from simulations.engine import Engine, EngineOptions, run_engine
 from simulations.engine.distributed import World, shard
 from simulations.engine.options import parse_overrides, split_engine_keys
@@ -112,9 +112,9 @@ def test_run_config_overrides_parse_like_flwr_run():
 VMAP_WORLD = """
 import sys, torch
 from torch import nn
-from simulations.config import RunConfig
+from tasks.config import RunConfig
 from simulations.engine import EngineOptions, run_engine
-from simulations.partition import partition
+from tasks.partition import partition
 from tasks.digits import DigitsCNN, digits_task
 import dataclasses
 

@@ -11,15 +11,15 @@ import pytest
 import torch
 from torch import nn
 
-from client.sampling import round_batches
+from tasks.sampling import round_batches
 from client.update import RoundStats, StepConfig, clipped_sgd_step, local_update
-from simulations.config import RunConfig
+from tasks.config import RunConfig
 from simulations.engine import EngineOptions, aggregate, run_engine
 from simulations.engine.aggregate import ClientMetrics, average_round
 from simulations.engine.distributed import World
 from simulations.engine.sequential import SequentialClients
 from simulations.engine.vectorised import VmapClients
-from simulations.partition import partition
+from tasks.partition import partition
 from strategies.averaging import average_states, client_weights
 from tasks.classification import ClassificationTask
 from tasks.digits import DigitsCNN, digits_task

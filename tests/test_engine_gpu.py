@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from simulations.config import RunConfig
+from tasks.config import RunConfig
 from simulations.engine import EngineOptions, run_engine
-from simulations.partition import partition
+from tasks.partition import partition
 from tasks.digits import DigitsCNN, digits_task
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (GPU paths of the engine)")

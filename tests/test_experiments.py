@@ -15,7 +15,7 @@ from loopback_grid import LoopbackGrid, run_server_app
 from server.app import app as server_app
 from server.app import initial_model
 from server.results import load_weights, read_results
-from simulations.config import RunConfig
+from tasks.config import RunConfig
 from simulations.runner import load_experiment
 from tasks import load_task
 

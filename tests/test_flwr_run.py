@@ -13,7 +13,7 @@ from client.app import app as client_app
 from loopback_grid import LoopbackGrid, run_server_app
 from server.app import app as server_app
 from server.results import load_weights, read_results
-from simulations.config import RunConfig
+from tasks.config import RunConfig
 from simulations.flower_cli import LocalSuperLink, RunFailed, run_app
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-import client.local_round as local_round
+import client.local_round as client_round
+import tasks as local_round
 import tasks.language as language
 from client.update import StepConfig, clipped_sgd_step, local_update
 from loopback_grid import run_in_process
 from server.results import read_results
-from simulations.config import RunConfig
+from tasks.config import RunConfig
 from tasks import load_task
 from tasks.text import text_regions, text_shards
 
@@ -163,8 +164,8 @@ def test_rounds_are_deterministic(tiny_ptb):
     model = load_task(cfg).build_model()
     state = model.state_dict()
     hp = {"local-steps": 2, "lr": 5.0, "clip": 0.5, "weight-decay": 0.0, "momentum": 0.0, "batch-size": 2}
-    a, ma = local_round.train_round(cfg, 0, 5, state, hp)
-    b, mb = local_round.train_round(cfg, 0, 5, state, hp)
+    a, ma = client_round.train_round(cfg, 0, 5, state, hp)
+    b, mb = client_round.train_round(cfg, 0, 5, state, hp)
     assert ma == mb and all(torch.equal(a[k], b[k]) for k in a)
-    c, _ = local_round.train_round(cfg, 1, 5, state, hp)
+    c, _ = client_round.train_round(cfg, 1, 5, state, hp)
     assert not torch.equal(a["encoder.weight"], c["encoder.weight"])

@@ -8,15 +8,16 @@ import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
 
-import client.local_round as local_round
+import client.local_round as client_round
+import tasks as local_round
 import tasks.digits
 from client.app import app as client_app
-from client.sampling import round_batches
+from tasks.sampling import round_batches
 from loopback_grid import LoopbackGrid, run_server_app
 from server.app import app as server_app
 from server.app import build_strategy, initial_model
 from server.results import load_weights, read_results
-from simulations.config import RunConfig
+from tasks.config import RunConfig
 from strategies import NaiveParallelClip
 from strategies.clipped_sgd import StepConfig, clipped_sgd_step
 from tasks import load_task
@@ -121,7 +122,7 @@ def test_naive_takes_no_local_steps_and_server_picks_it():
 def test_gradient_round_returns_gradients_and_batchnorm_buffers():
     cfg = RunConfig.from_mapping({"num-clients": 2, "device": "cpu"})
     model = initial_model(load_task(cfg), 0)
-    grads, buffers, metrics = local_round.gradient_round(cfg, 1, 3, model.state_dict(), {"batch-size": 16})
+    grads, buffers, metrics = client_round.gradient_round(cfg, 1, 3, model.state_dict(), {"batch-size": 16})
     assert set(grads) == {k for k, _ in model.named_parameters()}
     assert set(buffers) == set(model.state_dict()) - set(grads)
     assert not torch.equal(buffers["features.1.running_mean"], model.state_dict()["features.1.running_mean"])

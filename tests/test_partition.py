@@ -1,4 +1,4 @@
-"""Property tests of the data-set partitioners in ``simulations.partition``."""
+"""Property tests of the data-set partitioners in ``tasks.partition``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulations.partition import (
+from tasks.partition import (
     PARTITIONERS,
     dirichlet,
     homogeneous,

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from client.sampling import round_batches
+from tasks.sampling import round_batches
 
 
 def draw(partition, r, seed=0, pid=0, steps=4, b=5):

@@ -4,7 +4,7 @@
     torchrun --nproc-per-node=4 -m simulations.engine --run-config "engine-cuda-graphs=true"
     torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 -m simulations.engine
 
-Same config keys, partitions (``client.local_round.partitions``), minibatches
+Same config keys, partitions (``tasks.partitions``), minibatches
 (``task.round_batches``), initial model, schedule (``strategies.schedule``), local step
 (``clipped_sgd_step``), averaging (``strategies.averaging.finalize`` semantics) and results
 file (``server.results.ResultsWriter``, the Flower path's row keys) as ``flwr run``: for the
@@ -38,10 +38,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from client.local_round import cached_task, partitions, pick_device
+from tasks import cached_task, partitions
+from tasks.device import pick_device
 from client.update import StepConfig, clipped_sgd_step, grad_norm
 from server.results import ResultsWriter, save_weights
-from simulations.config import RunConfig
+from tasks.config import RunConfig
 from strategies.averaging import state_nbytes
 from strategies.schedule import global_epoch, scheduled
 from tasks import initial_model

@@ -8,7 +8,7 @@ SuperLink and every SuperNode run in their own network namespace on a private su
 on separate hosts. Every process started here is stopped on exit (its process group, its
 descendants and everything carrying this deployment's tag: SIGTERM, then SIGKILL),
 including the ``flower-superexec``, ``flwr-serverapp`` and ``flwr-clientapp`` processes
-Flower spawns. Used by tests/test_deploy_*.py; ``python -m server.deploy.local`` runs a
+Flower spawns. Used by tests/test_deploy_*.py; ``python -m simulations.deploy`` runs a
 demo federation.
 """
 
@@ -41,8 +41,8 @@ from simulations.flower_cli import (
     free_port,
 )
 
-DEPLOY = Path(__file__).resolve().parent
-REPO = DEPLOY.parents[1]
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "server" / "deploy"
 
 
 class DeployError(RuntimeError):
@@ -355,7 +355,7 @@ def last_record(output: str) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m server.deploy.local",
+        prog="python -m simulations.deploy",
         description="A secure deployment on this machine: certificates, a SuperLink with TLS and SuperNode "
                     "authentication, N registered SuperNodes, one run checked for success.")
     parser.add_argument("--nodes", type=int, default=2)
