@@ -92,6 +92,7 @@ while True:
 """
 
 
+@pytest.mark.realproc
 def test_a_crash_mid_write_leaves_a_valid_checkpoint(tmp_path):
     """SIGKILL a process that rewrites its checkpoint in a loop; what is left always loads."""
     script = tmp_path / "writer.py"

@@ -27,6 +27,8 @@ from server.faults import NotEnoughNodes
 from server.results import read_results
 from tasks.config import RunConfig
 
+pytestmark = pytest.mark.realproc  # real processes: skip with -m "not realproc"
+
 THREE = {**DEPLOY_CONFIG, "num-clients": 3, "num-rounds": 3, "node-wait": 2.0}
 
 

@@ -16,7 +16,7 @@ from deploy_support import DEPLOY_CONFIG, assert_same_weights, needs_openssl, re
 from simulations.deploy import Deployment, Namespaces
 
 REASON = Namespaces.unavailable_reason()
-pytestmark = [needs_openssl, pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}")]
+pytestmark = [needs_openssl, pytest.mark.realproc, pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}")]
 
 
 def netns_list() -> str:

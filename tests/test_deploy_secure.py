@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from deploy_support import DEPLOY_CONFIG, assert_same_weights, needs_openssl, reference_run
 
 from simulations.deploy import DEPLOY, Deployment, free_port
 from server.results import read_results
 
-pytestmark = needs_openssl
+pytestmark = [needs_openssl, pytest.mark.realproc]
 
 
 def test_secure_run_matches_the_simulation_and_refuses_strangers(tmp_path):

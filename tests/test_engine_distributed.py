@@ -51,6 +51,7 @@ def assert_close(a, b, atol):
         assert torch.allclose(a[key].double(), value.double(), atol=atol, rtol=0), key
 
 
+@pytest.mark.realproc
 def test_two_gloo_processes_give_the_one_process_result(tmp_path):
     """The CLI under torchrun: 3 clients on 2 processes (2 + 1, unbalanced on purpose) vs all 3
     in one process, the default task and path."""
@@ -70,6 +71,7 @@ def test_two_gloo_processes_give_the_one_process_result(tmp_path):
     assert rows[-1]["train-loss"] == pytest.approx(one_rows[-1]["train-loss"], rel=1e-6)
 
 
+@pytest.mark.realproc
 def test_engine_runs_where_flwr_cannot_be_imported(tmp_path):
     """The engine's whole import chain is flwr-free: run the CLI with flwr made unimportable."""
     code = (
@@ -134,6 +136,7 @@ if result.clients.start == 0:
 """
 
 
+@pytest.mark.realproc
 def test_vectorised_world_of_two_equals_one(tmp_path):
     """vmap over 3 + 2 clients in 2 gloo processes == vmap over all 5 in one process."""
     script = tmp_path / "vmap_world.py"

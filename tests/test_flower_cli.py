@@ -25,6 +25,7 @@ from simulations.flower_cli import (
 )
 
 pytest.importorskip("flwr")
+pytestmark = pytest.mark.realproc  # real processes: skip with -m "not realproc"
 
 NUM_SUPERNODES = 3
 

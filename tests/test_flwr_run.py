@@ -16,6 +16,8 @@ from server.results import load_weights, read_results
 from tasks.config import RunConfig
 from simulations.flower_cli import LocalSuperLink, RunFailed, run_app
 
+pytestmark = pytest.mark.realproc  # real processes: skip with -m "not realproc"
+
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"num-clients": 3, "num-rounds": 2, "local-steps": 2, "seed": 3}
 

@@ -67,6 +67,7 @@ def test_invalid_file_fails_before_any_run(tmp_path, capsys):
     assert not (tmp_path / "digits-naive").exists()
 
 
+@pytest.mark.realproc
 def test_naive_through_the_flower_cli(tmp_path):
     """`flwr run` on a private SuperLink (Ray backend): the naive round trip of gradients."""
     lines = runner.run_all([EXPERIMENTS / "digits" / "naive.toml"], "flower", QUICK, tmp_path, timeout=240)
