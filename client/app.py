@@ -10,13 +10,12 @@ from __future__ import annotations
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from tasks.config import RunConfig
 from strategies.naive import GRADIENT_MODE
-
-from .local_data import local_data
 from tasks import cached_task, partitions
+from tasks.config import RunConfig
 from tasks.device import pick_device
 
+from .local_data import local_data
 from .local_round import gradient_round, train_round
 
 app = ClientApp()

@@ -76,9 +76,8 @@ def read_digits(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
 
 @lru_cache(maxsize=2)
 def _load(cfg: RunConfig, path: str, stamp: tuple[int, int]) -> tuple[object, np.ndarray, int]:
-    from tasks.digits import standardize
-
     from tasks import cached_task
+    from tasks.digits import standardize
 
     x, y = read_digits(path)
     base = cached_task(cfg)
@@ -111,9 +110,8 @@ def local_data(node_config: dict, cfg: RunConfig) -> LocalData | None:
 
 def export_partition(cfg: RunConfig, partition_id: int, directory: str | Path) -> Path:
     """Write simulated partition ``partition_id`` in the local-data format (for tests and demos)."""
-    from tasks.digits import raw_train
-
     from tasks import partitions
+    from tasks.digits import raw_train
 
     if cfg.task != "digits":
         raise ValueError(f"export is defined for task digits only, got {cfg.task!r}")

@@ -13,6 +13,7 @@ import torch
 from tasks import cached_task, partitions
 from tasks.config import RunConfig
 from tasks.device import pick_device
+from tasks.protocol import batch_lr_scale, example_counter
 
 from .update import StepConfig, grad_norm, local_update
 
@@ -46,8 +47,7 @@ def train_round(
         idx, seed=cfg.seed, partition_id=partition_id, server_round=server_round,
         local_steps=int(hparams["local-steps"]), batch_size=int(hparams["batch-size"]), device=device,
     )
-    count = getattr(task, "count_examples", None)
-    metrics = local_update(model, batches, task.loss, step, **({"count": count} if count else {}))
+    metrics = local_update(model, batches, task.loss, step, count=example_counter(task))
     new_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     return new_state, metrics
 
@@ -86,10 +86,10 @@ def gradient_round(
     named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
     grads = {k: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu() for k, p in named}
     buffers = {k: v.detach().cpu() for k, v in model.state_dict().items() if k not in grads}
-    count = getattr(task, "count_examples", None) or (lambda b: len(b[0]))
+    count = example_counter(task)
     norm, value = torch.stack([grad_norm(list(grads.values())).double(), loss.detach().double().cpu()]).tolist()
     metrics: dict[str, float | int] = {"train-loss": value, "grad-norm": norm, "num-steps": 1,
                                        "num-examples": int(count(batch)), "skipped-steps": 0}
-    if hasattr(batch, "lr_scale"):
-        metrics["lr-scale"] = float(batch.lr_scale)
+    if (scale := batch_lr_scale(batch)) is not None:
+        metrics["lr-scale"] = float(scale)
     return grads, buffers, metrics

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 # The pure step lives in strategies.clipped_sgd (the naive server applies it too); the
 # names stay importable from here.
+from strategies.client_metrics import COLUMNS, client_table
 from strategies.clipped_sgd import StepConfig, clipped_sgd_step, grad_norm, step_size
 
 __all__ = ["LossFn", "RoundStats", "StepConfig", "clipped_sgd_step", "grad_norm", "local_update", "step_size"]
@@ -47,18 +48,22 @@ class RoundStats:
         self.steps += 1
         self.examples += examples
 
+    def table(self) -> Tensor:
+        """Per-client metrics [n, COLUMNS] (``strategies.client_metrics.client_table``); the
+        sums are scalars (one client) or [n] tensors (clients stepped together)."""
+        loss = torch.atleast_1d(self.loss_sum)
+        full = lambda v: torch.full_like(loss, float(v), dtype=torch.float64)  # noqa: E731
+        return client_table(loss, torch.atleast_1d(self.grad_norm_sum), torch.atleast_1d(self.clipped),
+                            torch.atleast_1d(self.skipped), full(self.steps), full(self.examples))
+
     def as_metrics(self) -> dict[str, float | int]:
         """Read the sums once (one host sync) into the reply's metrics."""
-        loss, gsum, clipped, skipped = torch.stack(
-            [self.loss_sum, self.grad_norm_sum, self.clipped, self.skipped]
-        ).tolist()
-        steps = max(self.steps, 1)
-        finite_steps = self.steps - int(skipped)
+        values = dict(zip(COLUMNS, self.table()[0].tolist(), strict=True))
         return {
-            "train-loss": loss / steps,
-            "clip-fraction": clipped / steps,
-            "grad-norm": gsum / finite_steps if finite_steps else float("nan"),
-            "skipped-steps": int(skipped),
+            "train-loss": values["train-loss"],
+            "clip-fraction": values["clip-fraction"],
+            "grad-norm": values["grad-norm"],
+            "skipped-steps": int(values["skipped-steps"]),
             "num-steps": self.steps,
             "num-examples": self.examples,
         }

@@ -11,13 +11,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, M
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
-from tasks import cached_task, partitions
-from tasks.device import pick_device
-from tasks.config import RunConfig
 from strategies.averaging import state_nbytes
 from strategies.celgc import CELGC
 from strategies.naive import NaiveParallelClip
-from tasks import initial_model
+from tasks import cached_task, initial_model, partitions
+from tasks.config import RunConfig
+from tasks.device import pick_device
 
 from .checkpoint import (
     Checkpoint,

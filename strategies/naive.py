@@ -14,24 +14,22 @@ same samples (for a mean-reduced loss and a model without batch statistics).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
-from logging import INFO, WARNING
+from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp.strategy import FedAvg
-from flwr.supercore import log
+from flwr.app import MetricRecord, RecordDict
 
-from .averaging import average_states, check_state, client_weights, state_nbytes
-from .celgc import CELGC, aggregate_client_metrics
-from .clipped_sgd import StepConfig, clipped_sgd_step
+from .averaging import average_states, check_state, state_nbytes
+from .base import ClippedSGDStrategy
+from .client_metrics import aggregate_client_metrics
+from .clipped_sgd import StepConfig
+from .naive_step import naive_server_step
 
 #: ``mode`` value of the round config asking a client for its gradient, not a local update.
 GRADIENT_MODE = "gradient"
 
 
-class NaiveParallelClip(CELGC):
+class NaiveParallelClip(ClippedSGDStrategy):
     """Naive parallel gradient clipping (the baseline of Liu et al., NeurIPS 2022).
 
     Paper: https://arxiv.org/abs/2205.05040. Each round is ONE step: the round config
@@ -56,28 +54,18 @@ class NaiveParallelClip(CELGC):
     ----------
     lr, clip, batch_size, weight_decay, momentum, lr_decay, lr_milestones, train_size,
     aggregation, num_clients, **fedavg_kwargs
-        As for :class:`strategies.celgc.CELGC`; there are no local steps (I = 1).
+        As for :class:`strategies.base.ClippedSGDStrategy`; there are no local steps (I = 1).
     """
 
-    def __init__(self, lr: float, clip: float = 1.0, batch_size: int = 32, **kwargs: object) -> None:
+    def __init__(self, lr: float, **kwargs: Any) -> None:
         if "local_steps" in kwargs:
-            raise ValueError("NaiveParallelClip takes no local_steps: every round is one step")
-        super().__init__(local_steps=1, lr=lr, clip=clip, batch_size=batch_size, **kwargs)  # type: ignore[arg-type]
+            raise TypeError("NaiveParallelClip takes no local_steps: every round is one step (I = 1)")
+        super().__init__(lr=lr, **kwargs)
         self._momentum: dict[str, torch.Tensor] | None = None
 
-    def summary(self) -> None:
-        """Log every setting."""
-        log(INFO, "\t├──> %s settings:", type(self).__name__)
-        log(INFO, "\t│\t├── one step a round: clients send gradients, the server clips | batch size: %d",
-            self.batch_size)
-        log(INFO, "\t│\t├── lr: %g | clip: %s | weight decay: %g | momentum: %g (server side)",
-            self.lr, "off" if math.isinf(self.clip) else f"{self.clip:g}", self.weight_decay, self.momentum)
-        log(INFO, "\t│\t├── schedule: x%g at global epochs %s (train size %s)",
-            self.lr_decay, list(self.lr_milestones), self.train_size)
-        log(INFO, "\t│\t├── gradient averaging: %s | clients per round: %s", self.aggregation,
-            self.num_clients or "all")
-        log(INFO, "\t│\t└── non-finite or mis-shaped replies are rejected")
-        FedAvg.summary(self)
+    def _summary_lines(self) -> list[str]:
+        return [f"one step a round: clients send gradients, the server clips | batch size: {self.batch_size}",
+                "momentum (if any) is kept by the server"]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Server state carried across rounds (the momentum buffer), for checkpoints."""
@@ -88,98 +76,53 @@ class NaiveParallelClip(CELGC):
         momentum = {k.removeprefix("momentum."): v for k, v in state.items() if k.startswith("momentum.")}
         self._momentum = momentum or None
 
-    def round_config(self, server_round: int, clients_per_round: int) -> dict[str, float | int | str]:
+    def round_config(self, server_round: int, clients_per_round: int) -> dict[str, Any]:
         return {**super().round_config(server_round, clients_per_round), "mode": GRADIENT_MODE}
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Average the sound replies' gradients and buffers; take one clipped step."""
-        replies = list(replies)
-        ok, failed = self._check_and_log_replies(replies, is_train=True, validate=False)
-        self.last_failures = [f"node {m.metadata.src_node_id}: {m.error.reason}" for m in failed]
-        grads, buffers, metrics, rejected, received = [], [], [], 0, 0
-        for msg in ok:
-            grad, buf, record, reason = self._unpack_gradient(msg.content)
-            received += state_nbytes(grad) + state_nbytes(buf)
-            if reason is not None:
-                rejected += 1
-                self.last_failures.append(f"node {msg.metadata.src_node_id}: rejected, {reason}")
-                log(WARNING, "Round %d: rejected reply from node %d: %s",
-                    server_round, msg.metadata.src_node_id, reason)
-                continue
-            grads.append(grad)
-            buffers.append(buf)
-            metrics.append(record)
-        sent = self._sent.get(server_round, 0)
-        summary = MetricRecord({
-            "replies": len(grads),
-            "rejected-replies": rejected,
-            "failed-replies": len(failed) + max(sent - len(replies), 0),
-            "bytes-sent": state_nbytes(self._global) * sent,
-            "bytes-received": received,
-        })
-        if not grads:
-            log(WARNING, "Round %d: no sound replies, the global model is unchanged", server_round)
-            self.last_round_metrics = summary
-            return None, summary
-        weights = client_weights([int(m.get("num-examples", 0)) for m in metrics], self.aggregation)
-        new_state, stats = self.apply_step(server_round, average_states(grads, weights),
-                                           average_states(buffers, weights), _mean_lr_scale(metrics))
+    def unpack(self, content: RecordDict) -> tuple[tuple[dict, dict], MetricRecord, str | None]:
+        arrays, records = content.array_records, content.metric_records
+        record = next(iter(records.values()), MetricRecord())
+        if set(arrays) != {"grads", "buffers"} or len(records) != 1:
+            return ({}, {}), record, "expected ArrayRecords 'grads' and 'buffers' and one MetricRecord"
+        if "num-examples" not in record:
+            return ({}, {}), record, "metrics lack ['num-examples']"
+        try:
+            grad = arrays["grads"].to_torch_state_dict()
+            buf = arrays["buffers"].to_torch_state_dict()
+        except Exception as exc:  # a malformed payload must not end the run
+            return ({}, {}), record, f"arrays could not be decoded ({exc})"
+        if set(grad) & set(buf):
+            return (grad, buf), record, f"keys both in grads and buffers: {sorted(set(grad) & set(buf))}"
+        if not grad:
+            return (grad, buf), record, "no gradients"
+        return (grad, buf), record, check_state({**grad, **buf}, self._global)
+
+    def payload_bytes(self, payload: tuple[dict, dict]) -> int:
+        grad, buf = payload
+        return state_nbytes(grad) + state_nbytes(buf)
+
+    def combine(self, server_round: int, payloads: list[tuple[dict, dict]], weights: list[float],
+                metrics: list[MetricRecord]) -> tuple[dict[str, torch.Tensor], dict[str, float | int]]:
+        """Average the gradients and buffers; take one clipped step on the global parameters."""
+        grads = average_states([g for g, _ in payloads], weights)
+        buffers = average_states([b for _, b in payloads], weights)
+        new_state, stats = self.apply_step(server_round, grads, buffers, _mean_lr_scale(metrics))
         client_metrics = aggregate_client_metrics(metrics)
         if "grad-norm" in client_metrics:
             client_metrics["client-grad-norm"] = client_metrics.pop("grad-norm")
-        summary.update(client_metrics)
-        summary.update(stats)
-        self.last_round_metrics = summary
-        return ArrayRecord(new_state), summary
+        return new_state, {**client_metrics, **stats}
 
     def apply_step(
         self, server_round: int, grad: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], lr_scale: float = 1.0
     ) -> tuple[dict[str, torch.Tensor], dict[str, float | int]]:
         """x <- x - min(lr, clip/|g|)(g + wd x) on the global parameters; buffers replaced."""
-        lr, clip = self.round_hparams(server_round, self.num_clients or max(self.min_train_nodes, 1))
-        keys = list(grad)
-        params = [self._global[k] for k in keys]
-        grads = [grad[k].to(self._global[k].dtype) for k in keys]
-        bufs = None
-        if self.momentum > 0:
-            if self._momentum is None or list(self._momentum) != keys:
-                self._momentum = {k: torch.zeros_like(p) for k, p in zip(keys, params, strict=True)}
-            bufs = [self._momentum[k] for k in keys]
+        lr, clip = self.round_hparams(server_round, self.clients_per_round())
         step = StepConfig(lr=lr, clip=clip, weight_decay=self.weight_decay, momentum=self.momentum)
-        with torch.no_grad():
-            new_params, new_bufs, stats = clipped_sgd_step(params, grads, bufs, step, lr_scale=lr_scale)
-        if new_bufs is not None:
-            self._momentum = dict(zip(keys, new_bufs, strict=True))
+        params, self._momentum, stats = naive_server_step(self._global, grad, self._momentum, step, lr_scale)
         state = dict(self._global)
-        state.update(zip(keys, new_params, strict=True))
+        state.update(params)
         state.update(buffers)
-        norm, clipped, skipped = torch.stack([stats["grad-norm"], stats["clipped"], stats["skipped"]]).tolist()
-        out: dict[str, float | int] = {"clip-fraction": clipped, "skipped-steps": int(skipped)}
-        if math.isfinite(norm):
-            out["grad-norm"] = norm
-        return state, out
-
-    def _unpack_gradient(
-        self, content: RecordDict
-    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], MetricRecord, str | None]:
-        arrays, records = content.array_records, content.metric_records
-        record = next(iter(records.values()), MetricRecord())
-        if set(arrays) != {"grads", "buffers"} or len(records) != 1:
-            return {}, {}, record, "expected ArrayRecords 'grads' and 'buffers' and one MetricRecord"
-        if "num-examples" not in record:
-            return {}, {}, record, "metrics lack ['num-examples']"
-        try:
-            grad = arrays["grads"].to_torch_state_dict()
-            buf = arrays["buffers"].to_torch_state_dict()
-        except Exception as exc:  # a malformed payload must not end the run
-            return {}, {}, record, f"arrays could not be decoded ({exc})"
-        if set(grad) & set(buf):
-            return grad, buf, record, f"keys both in grads and buffers: {sorted(set(grad) & set(buf))}"
-        if not grad:
-            return grad, buf, record, "no gradients"
-        return grad, buf, record, check_state({**grad, **buf}, self._global)
+        return state, stats
 
 
 def _mean_lr_scale(metrics: list[MetricRecord]) -> float:

@@ -1,25 +1,25 @@
 """Tasks shared by both sides: data sets and models (pure PyTorch, no flwr).
 
-``load_task(cfg)`` returns the task named by the ``task`` config key. Every task offers:
-``train_size``, ``labels`` (for partitioners) or ``client_partitions(cfg)`` (its own
-split, e.g. token streams), ``build_model()``, ``round_batches(...)`` (a client's minibatches
-of one round), ``loss(model, batch)``, ``evaluate(model, device)`` and
-``evaluate_indices(model, device, part)``; optionally ``count_examples(batch)``. A batch
-may carry ``lr_scale`` (multiplies that step's lr and clip).
+``load_task(cfg)`` returns the task named by the ``task`` config key; what a task provides
+is the protocol in ``tasks.protocol``. Below the apps: the validated run configuration
+(``tasks.config``), partitioners (``tasks.partition``), minibatch sampling
+(``tasks.sampling``), device choice (``tasks.device``).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np
+    from torch import nn
 
     from .config import RunConfig
+    from .protocol import Task
 
 
-def load_task(cfg: RunConfig) -> Any:
+def load_task(cfg: RunConfig) -> Task:
     """The task named by ``cfg.task``; data sets are read from ``cfg.data_dir``.
 
     digits: scikit-learn's digits and a small CNN (offline, ships with scikit-learn);
@@ -28,6 +28,12 @@ def load_task(cfg: RunConfig) -> Any:
     (``tasks.language``; never downloaded). A missing data set is a FileNotFoundError
     that says where to put the files.
     """
+    from .protocol import check_task
+
+    return check_task(_builtin(cfg), f"task {cfg.task!r}")
+
+
+def _builtin(cfg: RunConfig) -> object:
     if cfg.task == "digits":
         from .digits import digits_task
 
@@ -43,7 +49,7 @@ def load_task(cfg: RunConfig) -> Any:
     raise ValueError(f"unknown task {cfg.task!r}")
 
 
-def initial_model(task: Any, seed: int) -> Any:
+def initial_model(task: Task, seed: int) -> nn.Module:
     """The task's model initialised from ``seed`` without touching the global RNG state.
 
     Every backend (ServerApp, fast engine) starts from this model, so a seed means the same
@@ -58,7 +64,7 @@ def initial_model(task: Any, seed: int) -> Any:
 
 
 @lru_cache(maxsize=4)
-def cached_task(cfg: RunConfig) -> Any:
+def cached_task(cfg: RunConfig) -> Task:
     """``load_task(cfg)``, loaded once per process for each config."""
     return load_task(cfg)
 

@@ -112,7 +112,7 @@ def test_server_momentum_is_torch_sgd_on_the_averaged_gradient():
 
 
 def test_naive_takes_no_local_steps_and_server_picks_it():
-    with pytest.raises(ValueError, match="no local_steps"):
+    with pytest.raises(TypeError, match="no local_steps"):
         NaiveParallelClip(lr=0.1, local_steps=2)
     cfg = RunConfig.from_mapping({"algorithm": "naive", "local-steps": 1, "clip": 0.5})
     assert type(build_strategy(cfg, 100)) is NaiveParallelClip

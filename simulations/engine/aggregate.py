@@ -7,9 +7,8 @@ The same semantics as the Flower path (``strategies.averaging`` and the CELGC st
 * the average is sum_i w_i x_i over the sound clients in float64, with w_i = 1/N
   (``uniform``) or n_i / sum n (``examples``) renormalised over the sound clients, and is
   cast back by ``strategies.averaging.finalize`` (integer buffers rounded, dtype kept);
-* round metrics are the step-weighted means of the clients' train-loss, clip-fraction and
-  grad-norm (non-finite client values left out) and the sums of examples, steps and skipped
-  steps, as ``RoundStats.as_metrics`` then the strategy's aggregation compute them.
+* round metrics are those of ``strategies.client_metrics`` (per-client table, sums,
+  finish), the definition the Flower strategies use.
 
 What crosses processes is one float64 vector per process: its clients' weighted sums of
 every state tensor, the weight total, and the metric sums. ``all_reduce_sum`` adds them and
@@ -26,14 +25,11 @@ from torch import Tensor
 
 from client.update import RoundStats
 from strategies.averaging import AGGREGATIONS, finalize
+from strategies.client_metrics import COLUMNS, SUMS_WIDTH, finish_metrics, metric_sums
 
 from .distributed import World, all_reduce_sum
 
-MEANS = ("train-loss", "clip-fraction", "grad-norm")
-COUNTS = ("num-examples", "num-steps", "skipped-steps")
-# columns of a per-client metric table
-COLUMNS = MEANS + COUNTS
-_TAIL = 2 + 2 * len(MEANS) + len(COUNTS)  # weight total, replies, (num, den) per mean, counts
+_TAIL = 2 + SUMS_WIDTH  # weight total, replies, then the client-metric sums
 #: Up to this many numbers (clients x state size) a list of client states is stacked and summed
 #: by one matmul; above it, summed client by client (no n-fold float64 copy of a large model).
 STACK_LIMIT = 1 << 24
@@ -48,21 +44,10 @@ class ClientMetrics:
     @classmethod
     def from_stats(cls, stats: RoundStats | Sequence[RoundStats]) -> ClientMetrics:
         """From one ``RoundStats`` whose sums are [n] tensors (vectorised clients) or from
-        one ``RoundStats`` per client; the formulas of ``RoundStats.as_metrics``."""
+        one ``RoundStats`` per client."""
         if isinstance(stats, RoundStats):
-            n = stats.loss_sum.shape[0]
-            sums = torch.stack([stats.loss_sum, stats.grad_norm_sum, stats.clipped, stats.skipped])
-            steps = torch.full((n,), float(stats.steps), dtype=torch.float64, device=sums.device)
-            examples = torch.full_like(steps, float(stats.examples))
-        else:
-            sums = torch.stack([torch.stack([s.loss_sum, s.grad_norm_sum, s.clipped, s.skipped]) for s in stats], 1)
-            steps = torch.tensor([float(s.steps) for s in stats], dtype=torch.float64, device=sums.device)
-            examples = torch.tensor([float(s.examples) for s in stats], dtype=torch.float64, device=sums.device)
-        loss, gsum, clipped, skipped = sums.double()
-        per_step = steps.clamp(min=1.0)
-        finite_steps = steps - skipped
-        grad = torch.where(finite_steps > 0, gsum / finite_steps.clamp(min=1.0), torch.full_like(gsum, float("nan")))
-        return cls(torch.stack([loss / per_step, clipped / per_step, grad, examples, steps, skipped], 1))
+            return cls(stats.table())
+        return cls(torch.cat([s.table() for s in stats]))
 
     def column(self, name: str) -> Tensor:
         return self.table[:, COLUMNS.index(name)]
@@ -131,16 +116,8 @@ def round_vector(states: Mapping[str, Tensor] | Sequence[Mapping[str, Tensor]], 
         weighted, ok, w = _matrix_sum(flat_states(states, list(like)), factors, reject_nonfinite)
     else:
         weighted, ok, w = _streamed_sum(states, like, factors, reject_nonfinite)
-    table = metrics.table
-    steps = table[:, COLUMNS.index("num-steps")]
-    tail = [w.sum(), ok.double().sum()]
-    for name in MEANS:
-        v = table[:, COLUMNS.index(name)]
-        valid = ok & torch.isfinite(v)
-        tail += [torch.where(valid, v * steps, 0.0).sum(), torch.where(valid, steps, 0.0).sum()]
-    for name in COUNTS:
-        tail.append(torch.where(ok, table[:, COLUMNS.index(name)], 0.0).sum())
-    return torch.cat([weighted, torch.stack(tail).to(weighted.dtype)])
+    tail = torch.cat([torch.stack([w.sum(), ok.double().sum()]), metric_sums(metrics.table, ok)])
+    return torch.cat([weighted, tail.to(weighted.dtype)])
 
 
 def finish_round(
@@ -151,14 +128,8 @@ def finish_round(
     weight, replies = tail[0], int(round(tail[1]))
     metrics: dict[str, float | int] = {
         "replies": replies, "rejected-replies": num_clients - replies, "failed-replies": 0,
+        **finish_metrics(tail[2:], replies),
     }
-    for i, name in enumerate(MEANS):
-        num, den = tail[2 + 2 * i], tail[3 + 2 * i]
-        if den > 0:
-            metrics[name] = num / den
-    for i, name in enumerate(COUNTS):
-        if replies:
-            metrics[name] = int(round(tail[2 + 2 * len(MEANS) + i]))
     if replies == 0 or weight <= 0:
         return None, metrics
     summed = unflatten(body if weight == 1.0 else body / weight, like)

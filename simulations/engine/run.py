@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,21 +37,22 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tasks import cached_task, partitions
-from tasks.device import pick_device
-from client.update import StepConfig, clipped_sgd_step, grad_norm
+from client.update import StepConfig, grad_norm
 from server.results import ResultsWriter, save_weights
-from tasks.config import RunConfig
 from strategies.averaging import state_nbytes
+from strategies.naive_step import naive_server_step
 from strategies.schedule import global_epoch, scheduled
-from tasks import initial_model
+from tasks import cached_task, initial_model, partitions
+from tasks.config import RunConfig
+from tasks.device import pick_device
+from tasks.protocol import Task, example_counter
 
 from .aggregate import COLUMNS, ClientMetrics, average_round
 from .distributed import World, close_world, init_world, shard
 from .options import EngineOptions, parse_overrides, split_engine_keys
 from .progress import RoundProgress
 from .sequential import SequentialClients
-from .vectorised import VmapClients, default_count
+from .vectorised import VmapClients
 
 log = logging.getLogger("simulations.engine")
 
@@ -87,7 +87,7 @@ class EngineResult:
 class Engine:
     """One process's share of a run: its clients, the global model, the round loop."""
 
-    def __init__(self, cfg: RunConfig, options: EngineOptions, world: World, task: Any = None,
+    def __init__(self, cfg: RunConfig, options: EngineOptions, world: World, task: Task | None = None,
                  parts: Sequence[np.ndarray] | None = None) -> None:
         self.cfg, self.options, self.world = cfg, options, world
         self.device = engine_device(cfg, world)
@@ -98,8 +98,8 @@ class Engine:
         self.clients = shard(cfg.num_clients, world.size, world.rank)
         self.model = initial_model(self.task, cfg.seed).to(self.device)
         self.state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        self.count = getattr(self.task, "count_examples", None) or default_count
-        self.momentum: list[Tensor] | None = None  # naive: the server's heavy-ball buffer
+        self.count = example_counter(self.task)
+        self.momentum: dict[str, Tensor] | None = None  # naive: the server's heavy-ball buffer
         self.notes: list[str] = []
         self.runner = self._choose_runner()
 
@@ -215,18 +215,11 @@ class Engine:
         if avg is None:
             return metrics
         lr_scale = float(avg.pop("lr-scale")) if scale is not None else 1.0
-        params = [self.state[k] for k in names]
-        if self.cfg.momentum > 0 and self.momentum is None:
-            self.momentum = [torch.zeros_like(p) for p in params]
-        new, self.momentum, stats = clipped_sgd_step(params, [avg[k].to(p.dtype) for k, p in zip(names, params)],
-                                                     self.momentum if self.cfg.momentum > 0 else None, step,
-                                                     lr_scale=lr_scale)
-        self.state = {**avg, **dict(zip(names, new, strict=True))}
+        params, self.momentum, stats = naive_server_step(self.state, {k: avg[k] for k in names}, self.momentum,
+                                                         step, lr_scale)
+        self.state = {**avg, **params}
         self.state = {k: self.state[k] for k in like if k != "lr-scale"}
-        norm, clipped, skipped = torch.stack([stats["grad-norm"], stats["clipped"], stats["skipped"]]).tolist()
-        metrics.update({"clip-fraction": clipped, "skipped-steps": int(skipped)})
-        if math.isfinite(norm):
-            metrics["grad-norm"] = norm
+        metrics.update(stats)
         return metrics
 
     def evaluate(self) -> dict[str, float]:
@@ -234,7 +227,7 @@ class Engine:
         return self.task.evaluate(self.model, self.device)
 
 
-def run_engine(cfg: RunConfig, options: EngineOptions | None = None, *, task: Any = None,
+def run_engine(cfg: RunConfig, options: EngineOptions | None = None, *, task: Task | None = None,
                parts: Sequence[np.ndarray] | None = None, world: World | None = None, write_results: bool = True,
                show_progress: bool = True) -> EngineResult:
     """Run ``cfg`` with the engine; returns the final global state (on every process)."""

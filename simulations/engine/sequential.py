@@ -23,8 +23,9 @@ import torch
 from torch import Tensor, nn
 
 from client.update import RoundStats, StepConfig, clipped_sgd_step
+from tasks.protocol import default_count
 
-from .vectorised import Count, LossFn, default_count
+from .vectorised import Count, LossFn
 
 Seed = Callable[[int, int], int]  # (client index, step) -> seed of that step's random ops
 

@@ -39,13 +39,10 @@ from torch.func import functional_call, grad, vmap
 from torch.utils import _pytree as pytree
 
 from client.update import RoundStats, StepConfig, clipped_sgd_step
+from tasks.protocol import default_count
 
 LossFn = Callable[[nn.Module, Any], Tensor]
 Count = Callable[[Any], int]
-
-
-def default_count(batch: Any) -> int:
-    return len(batch[0])
 
 
 class _LossModule(nn.Module):
