@@ -14,7 +14,7 @@ import pytest
 
 from deploy_support import DEPLOY_CONFIG, assert_same_weights, needs_openssl, reference_run
 
-from simulations.deploy import DEPLOY, Deployment, free_port
+from simulations.flower.deploy import DEPLOY, Deployment, free_port
 from server.results import read_results
 
 pytestmark = [needs_openssl, pytest.mark.realproc]

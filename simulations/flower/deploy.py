@@ -8,18 +8,16 @@ SuperLink and every SuperNode run in their own network namespace on a private su
 on separate hosts. Every process started here is stopped on exit (its process group, its
 descendants and everything carrying this deployment's tag: SIGTERM, then SIGKILL),
 including the ``flower-superexec``, ``flwr-serverapp`` and ``flwr-clientapp`` processes
-Flower spawns. Used by tests/test_deploy_*.py; ``python -m simulations.deploy`` runs a
-demo federation.
+Flower spawns (``processes.stop``). Used by tests/test_deploy_*.py;
+``python -m simulations.flower.deploy`` runs a demo federation.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,19 +27,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from simulations.flower_cli import (
-    _TAG_VAR,
-    ExistingSuperLink,
-    _alive,
-    _base_env,
-    _signal_pids,
-    _tagged_or_descendant_pids,
-    flwr_json,
-    format_overrides,
-    free_port,
-)
+from server.deploy.cli_json import parse_cli_json
 
-REPO = Path(__file__).resolve().parents[1]
+from .cli import flwr_json, format_overrides
+from .processes import TAG_VAR, free_port, process_tree, signal_pids, stop, tail
+from .superlink import ExistingSuperLink, base_env
+
+__all__ = ["DEPLOY", "REPO", "DeployError", "Deployment", "Namespaces", "Proc", "free_port", "last_record"]
+
+REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "server" / "deploy"
 
 
@@ -72,7 +66,7 @@ class Proc:
             return ""
 
     def tail(self, lines: int = 30) -> str:
-        return "\n".join(self.output().rstrip().splitlines()[-lines:])
+        return tail(self.output(), lines)
 
     def wait_for(self, text: str, timeout: float) -> None:
         """Until ``text`` is in the output; DeployError if the process exits or time runs out."""
@@ -90,36 +84,18 @@ class Proc:
         except subprocess.TimeoutExpired:
             raise DeployError(f"{self.name} still running after {timeout:g} s:\n{self.tail()}") from None
 
-    def _tree(self) -> dict[int, int]:
-        """pid -> start time of this process and its descendants; {} once it exited (its pid
-        may then belong to someone else; orphans are found by the deployment's tag)."""
-        if not self.alive():
-            return {}
-        return _tagged_or_descendant_pids(self.pid, "no-tag-" + uuid.uuid4().hex)
-
     def signal(self, sig: int) -> None:
-        """Send ``sig`` to the whole process tree (group and descendants)."""
-        targets = self._tree()
+        """Send ``sig`` to the whole process tree (its group and descendants): fault injection."""
+        targets = process_tree([self.pid]) if self.alive() else {}
         if self.alive():
             try:
                 os.killpg(self.pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
-        _signal_pids(targets, sig)
+        signal_pids(targets, sig)
 
     def stop(self, timeout: float = 10.0) -> None:
-        targets = self._tree()
-        self.signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and (self.alive() or _alive(targets)):
-            time.sleep(0.1)
-        if self.alive() or _alive(targets):
-            self.signal(signal.SIGKILL)
-            _signal_pids(_alive(targets), signal.SIGKILL)
-        try:
-            self.popen.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        stop(self.popen, timeout=timeout)
         self._fh.close()
 
 
@@ -227,8 +203,8 @@ class Deployment:
 
     # --- processes -------------------------------------------------------------------
     def _env(self, home: Path) -> dict[str, str]:
-        env = _base_env(home)
-        env[_TAG_VAR] = self.tag
+        env = base_env(home)
+        env[TAG_VAR] = self.tag
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         return env
 
@@ -325,15 +301,11 @@ class Deployment:
         """Stop every process started here (newest first), then whatever still carries the tag."""
         for proc in reversed(self.procs):
             proc.stop()
-        left = _tagged_or_descendant_pids(None, self.tag)
-        _signal_pids(left, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while _alive(left) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        stop(tag=self.tag, timeout=2.0)
 
     def leftover(self) -> dict[int, int]:
         """Live processes still carrying this deployment's tag (should be none after stop)."""
-        return _tagged_or_descendant_pids(None, self.tag)
+        return process_tree((), self.tag)
 
     def __enter__(self) -> Deployment:
         return self
@@ -344,18 +316,16 @@ class Deployment:
 
 def last_record(output: str) -> dict:
     """The run record submit.sh prints last (a JSON object line), {} if none."""
-    for line in reversed(output.splitlines()):
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                continue
-    return {}
+    try:
+        record = parse_cli_json(output, last=True)
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m simulations.deploy",
+        prog="python -m simulations.flower.deploy",
         description="A secure deployment on this machine: certificates, a SuperLink with TLS and SuperNode "
                     "authentication, N registered SuperNodes, one run checked for success.")
     parser.add_argument("--nodes", type=int, default=2)
