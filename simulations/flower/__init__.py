@@ -4,7 +4,7 @@
 ``superlink``  ``LocalSuperLink`` (private, free port, isolated FLWR_HOME), ``ExistingSuperLink``
 ``cli``        ``flwr`` wrappers: submit_run, run_status, wait_for_run, fetch_logs, stop_run, run_app
 ``local``      find / stop the SuperLink that ``flwr run .`` started for one FLWR_HOME
-``deploy``     a secure deployment on this machine from server/deploy/*.sh
+``deploy``     a secure deployment on this machine from server/deploy/*.sh (``netns``: as hosts)
 ``__main__``   ``python -m simulations.flower APP_DIR ...`` and ``... stop-local``
 
 Stdlib only at import time (no torch, no flwr): Flower is reached through its console scripts.
