@@ -18,7 +18,7 @@ An experiment file is a flat TOML file of run-config keys (the same keys as
        The real Flower CLI: a private local SuperLink, ``flwr run`` with the file's keys
        and ``num-supernodes = num-clients`` (plus ``--federation-config``, e.g.
        ``"client-resources-num-gpus=0.125"``), the run's status checked
-       (``simulations.flower_cli.run_app``); the run's log is kept as ``flower.log``.
+       (``simulations.flower.run_app``); the run's log is kept as ``flower.log``.
    ``inprocess``
        The same ServerApp and ClientApp objects on an in-process grid
        (``simulations.loopback``): clients one after another, no SuperLink or Ray.
@@ -102,7 +102,7 @@ def run_experiment(values: dict[str, Any], backend: str = "flower", federation: 
 
         run_in_process(values)
     elif backend == "flower":
-        from .flower_cli import run_app
+        from .flower import run_app
 
         fed = {"num-supernodes": int(values.get("num-clients", RunConfig().num_clients)), **(federation or {})}
         run = run_app(APP_DIR, run_config=values, federation_config=fed, timeout=timeout)
@@ -111,7 +111,7 @@ def run_experiment(values: dict[str, Any], backend: str = "flower", federation: 
     elif backend == "engine":
         if importlib.util.find_spec("simulations.engine.__main__") is None:
             raise RuntimeError("the engine backend (python -m simulations.engine) is not available in this checkout")
-        from .flower_cli import format_overrides
+        from .flower import format_overrides
 
         cmd = [sys.executable, "-m", "simulations.engine", "--run-config", " ".join(format_overrides(values))]
         subprocess.run(cmd, cwd=APP_DIR, check=True, timeout=None if math.isinf(timeout) else timeout)

@@ -22,9 +22,9 @@ from client.local_data import export_partition, read_digits
 from loopback_grid import LoopbackGrid, run_server_app
 from server.app import app as server_app
 from server.checkpoint import load_checkpoint
-from simulations.deploy import Deployment, Proc, last_record
 from server.faults import NotEnoughNodes
 from server.results import read_results
+from simulations.flower.deploy import Deployment, Proc, last_record
 from tasks.config import RunConfig
 
 pytestmark = pytest.mark.realproc  # real processes: skip with -m "not realproc"

@@ -13,7 +13,8 @@ import subprocess
 import pytest
 from deploy_support import DEPLOY_CONFIG, assert_same_weights, needs_openssl, reference_run
 
-from simulations.deploy import Deployment, Namespaces
+from simulations.flower.deploy import Deployment
+from simulations.flower.netns import Namespaces
 
 REASON = Namespaces.unavailable_reason()
 pytestmark = [needs_openssl, pytest.mark.realproc, pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}")]

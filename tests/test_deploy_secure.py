@@ -11,11 +11,10 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-
 from deploy_support import DEPLOY_CONFIG, assert_same_weights, needs_openssl, reference_run
 
-from simulations.deploy import DEPLOY, Deployment, free_port
 from server.results import read_results
+from simulations.flower.deploy import DEPLOY, Deployment, free_port
 
 pytestmark = [needs_openssl, pytest.mark.realproc]
 

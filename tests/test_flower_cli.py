@@ -1,4 +1,4 @@
-"""End-to-end check of simulations.flower_cli against the real Flower CLI (flwr 1.42).
+"""End-to-end check of simulations.flower against the real Flower CLI (flwr 1.42).
 
 One throw-away Flower App (Message API, 2-round FedAvg on a numpy array) is written into
 tmp_path and run twice on one LocalSuperLink: once normally (must be detected as
@@ -14,15 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from simulations.flower_cli import (
-    STATUS_COMPLETED,
-    STATUS_FAILED,
-    LocalSuperLink,
-    RunFailed,
-    _tagged_or_descendant_pids,
-    format_overrides,
-    run_app,
-)
+from simulations.flower import STATUS_COMPLETED, STATUS_FAILED, LocalSuperLink, RunFailed, format_overrides, run_app
+from simulations.flower.processes import process_tree
 
 pytest.importorskip("flwr")
 pytestmark = pytest.mark.realproc  # real processes: skip with -m "not realproc"
@@ -126,7 +119,7 @@ def superlink(tmp_path_factory: pytest.TempPathFactory):
         yield sl
     # every process of this SuperLink (SuperExec, flwr-simulation, Ray) is gone
     assert sl.process is None
-    assert _tagged_or_descendant_pids(None, sl.tag) == {}
+    assert process_tree((), sl.tag) == {}
 
 
 def test_format_overrides() -> None:

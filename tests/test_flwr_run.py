@@ -14,7 +14,7 @@ from loopback_grid import LoopbackGrid, run_server_app
 from server.app import app as server_app
 from server.results import load_weights, read_results
 from tasks.config import RunConfig
-from simulations.flower_cli import LocalSuperLink, RunFailed, run_app
+from simulations.flower import LocalSuperLink, RunFailed, run_app
 
 pytestmark = pytest.mark.realproc  # real processes: skip with -m "not realproc"
 

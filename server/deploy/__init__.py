@@ -1,2 +1,3 @@
 """Deployment on separate hosts: scripts (certificates, SuperLink, SuperNodes, submit) and
-``local``, which drives them on one machine (tests, demos). See docs/DEPLOY.md."""
+``cli_json``, the reader of ``flwr --format json`` output they share with simulations.flower
+(whose ``deploy`` module drives the scripts on one machine). See docs/DEPLOY.md."""

@@ -34,24 +34,9 @@ home="${FLWR_HOME:-$HOME/.flwr}"
 py="$(command -v python3 || command -v python)"
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 
-# json FIELD < text: the FIELD of the first JSON object in the text ("" if none)
-json() { "$py" -c '
-import json, re, sys
-text = sys.stdin.read()
-for m in re.finditer(r"(?m)^\{", text):
-    try:
-        obj, _ = json.JSONDecoder().raw_decode(text[m.start():])
-    except ValueError:
-        continue
-    for k in sys.argv[1].split("."):
-        if isinstance(obj, list):  # `flwr ls --run-id` answers a list of one run
-            obj = obj[0] if obj else {}
-        obj = obj.get(k, "") if isinstance(obj, dict) else ""
-    if isinstance(obj, list) and len(obj) == 1:
-        obj = obj[0]
-    print(json.dumps(obj) if isinstance(obj, (dict, list)) else obj)
-    break
-' "$1"; }
+# json FIELD < text: FIELD (dotted) of the JSON object in flwr's output ("" if none), read by
+# cli_json.py next to this script -- the one parser of flwr JSON output, stdlib Python only.
+json() { "$py" "$here/cli_json.py" "$1"; }
 
 # CLI calls other than `run` from FLWR_HOME: a cwd with a pyproject.toml may be "migrated"
 cli() { (cd "$home" && "$flwr" "$@"); }

@@ -8,18 +8,15 @@ SuperLink and every SuperNode run in their own network namespace on a private su
 on separate hosts. Every process started here is stopped on exit (its process group, its
 descendants and everything carrying this deployment's tag: SIGTERM, then SIGKILL),
 including the ``flower-superexec``, ``flwr-serverapp`` and ``flwr-clientapp`` processes
-Flower spawns. Used by tests/test_deploy_*.py; ``python -m simulations.deploy`` runs a
-demo federation.
+Flower spawns (``processes.stop``). Used by tests/test_deploy_*.py;
+``python -m simulations.flower.deploy`` runs a demo federation.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,19 +26,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from simulations.flower_cli import (
-    _TAG_VAR,
-    ExistingSuperLink,
-    _alive,
-    _base_env,
-    _signal_pids,
-    _tagged_or_descendant_pids,
-    flwr_json,
-    format_overrides,
-    free_port,
-)
+from server.deploy.cli_json import parse_cli_json
 
-REPO = Path(__file__).resolve().parents[1]
+from .cli import flwr_json, format_overrides
+from .netns import Namespaces
+from .processes import TAG_VAR, free_port, process_tree, signal_pids, stop, tail
+from .superlink import ExistingSuperLink, base_env
+
+__all__ = ["DEPLOY", "REPO", "DeployError", "Deployment", "Namespaces", "Proc", "free_port", "last_record"]
+
+REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "server" / "deploy"
 
 
@@ -72,7 +66,7 @@ class Proc:
             return ""
 
     def tail(self, lines: int = 30) -> str:
-        return "\n".join(self.output().rstrip().splitlines()[-lines:])
+        return tail(self.output(), lines)
 
     def wait_for(self, text: str, timeout: float) -> None:
         """Until ``text`` is in the output; DeployError if the process exits or time runs out."""
@@ -90,111 +84,19 @@ class Proc:
         except subprocess.TimeoutExpired:
             raise DeployError(f"{self.name} still running after {timeout:g} s:\n{self.tail()}") from None
 
-    def _tree(self) -> dict[int, int]:
-        """pid -> start time of this process and its descendants; {} once it exited (its pid
-        may then belong to someone else; orphans are found by the deployment's tag)."""
-        if not self.alive():
-            return {}
-        return _tagged_or_descendant_pids(self.pid, "no-tag-" + uuid.uuid4().hex)
-
     def signal(self, sig: int) -> None:
-        """Send ``sig`` to the whole process tree (group and descendants)."""
-        targets = self._tree()
+        """Send ``sig`` to the whole process tree (its group and descendants): fault injection."""
+        targets = process_tree([self.pid]) if self.alive() else {}
         if self.alive():
             try:
                 os.killpg(self.pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
-        _signal_pids(targets, sig)
+        signal_pids(targets, sig)
 
     def stop(self, timeout: float = 10.0) -> None:
-        targets = self._tree()
-        self.signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and (self.alive() or _alive(targets)):
-            time.sleep(0.1)
-        if self.alive() or _alive(targets):
-            self.signal(signal.SIGKILL)
-            _signal_pids(_alive(targets), signal.SIGKILL)
-        try:
-            self.popen.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        stop(self.popen, timeout=timeout)
         self._fh.close()
-
-
-class Namespaces:
-    """Network namespaces as hosts: ``server`` holds a bridge with 10.231.0.1/24, host i a veth
-    into it with 10.231.0.(10 + i). All created here; ``delete()`` removes them all."""
-
-    SUBNET = "10.231.0"
-
-    def __init__(self, num_clients: int) -> None:
-        tag = secrets.token_hex(3)
-        self.tag = tag
-        self.server = f"celgc-{tag}-srv"
-        self.clients = [f"celgc-{tag}-c{i}" for i in range(num_clients)]
-        self.server_ip = f"{self.SUBNET}.1"
-        self._created: list[str] = []
-
-    @staticmethod
-    def unavailable_reason() -> str | None:
-        """Why namespaces cannot be created here (None: they can)."""
-        if shutil.which("ip") is None:
-            return "the `ip` command (iproute2) is not installed"
-        name = f"celgc-probe-{secrets.token_hex(3)}"
-        probe = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True, timeout=20)
-        if probe.returncode != 0:
-            return f"`ip netns add` failed ({probe.stderr.strip() or probe.returncode}): needs root / CAP_SYS_ADMIN"
-        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
-        return None
-
-    def client_ip(self, i: int) -> str:
-        return f"{self.SUBNET}.{10 + i}"
-
-    def prefix(self, ns: str) -> list[str]:
-        return ["ip", "netns", "exec", ns]
-
-    def _ip(self, *args: str, ns: str | None = None) -> None:
-        cmd = [*(self.prefix(ns) if ns else []), "ip", *args]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
-        if res.returncode != 0:
-            raise DeployError(f"{' '.join(cmd)}: {res.stderr.strip()}")
-
-    def create(self) -> Namespaces:
-        for ns in [self.server, *self.clients]:
-            self._ip("netns", "add", ns)
-            self._created.append(ns)
-            self._ip("link", "set", "lo", "up", ns=ns)
-        self._ip("link", "add", "br0", "type", "bridge", ns=self.server)
-        self._ip("addr", "add", f"{self.server_ip}/24", "dev", "br0", ns=self.server)
-        self._ip("link", "set", "br0", "up", ns=self.server)
-        for i, ns in enumerate(self.clients):
-            host_end, link_end = f"cg{self.tag}h{i}", f"cg{self.tag}l{i}"  # <= 15 characters
-            self._ip("link", "add", host_end, "type", "veth", "peer", "name", link_end)
-            self._ip("link", "set", link_end, "netns", self.server)
-            self._ip("link", "set", host_end, "netns", ns)
-            self._ip("link", "set", link_end, "master", "br0", ns=self.server)
-            self._ip("link", "set", link_end, "up", ns=self.server)
-            self._ip("addr", "add", f"{self.client_ip(i)}/24", "dev", host_end, ns=ns)
-            self._ip("link", "set", host_end, "up", ns=ns)
-        return self
-
-    def delete(self) -> None:
-        """Delete every namespace made here (their veths and the bridge go with them)."""
-        for ns in reversed(self._created):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
-        self._created.clear()
-
-    def __enter__(self) -> Namespaces:
-        try:
-            return self.create()
-        except BaseException:
-            self.delete()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.delete()
 
 
 class Deployment:
@@ -227,8 +129,8 @@ class Deployment:
 
     # --- processes -------------------------------------------------------------------
     def _env(self, home: Path) -> dict[str, str]:
-        env = _base_env(home)
-        env[_TAG_VAR] = self.tag
+        env = base_env(home)
+        env[TAG_VAR] = self.tag
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         return env
 
@@ -325,15 +227,11 @@ class Deployment:
         """Stop every process started here (newest first), then whatever still carries the tag."""
         for proc in reversed(self.procs):
             proc.stop()
-        left = _tagged_or_descendant_pids(None, self.tag)
-        _signal_pids(left, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while _alive(left) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        stop(tag=self.tag, timeout=2.0)
 
     def leftover(self) -> dict[int, int]:
         """Live processes still carrying this deployment's tag (should be none after stop)."""
-        return _tagged_or_descendant_pids(None, self.tag)
+        return process_tree((), self.tag)
 
     def __enter__(self) -> Deployment:
         return self
@@ -344,18 +242,16 @@ class Deployment:
 
 def last_record(output: str) -> dict:
     """The run record submit.sh prints last (a JSON object line), {} if none."""
-    for line in reversed(output.splitlines()):
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                continue
-    return {}
+    try:
+        record = parse_cli_json(output, last=True)
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m simulations.deploy",
+        prog="python -m simulations.flower.deploy",
         description="A secure deployment on this machine: certificates, a SuperLink with TLS and SuperNode "
                     "authentication, N registered SuperNodes, one run checked for success.")
     parser.add_argument("--nodes", type=int, default=2)

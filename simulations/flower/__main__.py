@@ -1,0 +1,101 @@
+"""``python -m simulations.flower``: run a Flower App on a throw-away local SuperLink, or
+stop the local SuperLink that ``flwr run .`` started for this FLWR_HOME.
+
+    python -m simulations.flower APP_DIR [--run-config "k=v ..."] [--federation-config ...]
+    python -m simulations.flower stop-local [--flwr-home DIR]
+
+Exit status (run): 0 finished:completed, 1 another final status, 2 CLI or start error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .cli import FlowerCliError, RunFailed, run_app
+from .local import local_log_file, stop_local_superlink
+from .processes import strip_ansi
+from .superlink import ExistingSuperLink, LocalSuperLink, SuperLinkLike, SuperLinkStartError
+
+PROG = "python -m simulations.flower"
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Run a Flower App on a throw-away local SuperLink and report its status. "
+                               f"(`{PROG} stop-local --help`: stop the SuperLink `flwr run .` left running.)")
+    parser.add_argument("app_dir")
+    parser.add_argument("--run-config", "-c", action="append", default=[],
+                        help="TOML 'k=v' overrides (repeatable), e.g. \"lr=0.1 task='digits'\"")
+    parser.add_argument("--federation-config", action="append", default=[],
+                        help="e.g. 'num-supernodes=8 client-resources-num-cpus=1'")
+    parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--address", help="use this running SuperLink (host:port) instead")
+    parser.add_argument("--deployment", action="store_true", help="start the local SuperLink without --simulation")
+    parser.add_argument("--keep-home", action="store_true", help="keep FLWR_HOME (logs)")
+    parser.add_argument("--quiet", action="store_true", help="do not print the run log")
+    return parser
+
+
+def run_main(argv: Sequence[str]) -> int:
+    ns = _run_parser().parse_args(argv)
+
+    def go(sl: SuperLinkLike) -> dict[str, Any]:
+        return run_app(ns.app_dir, ns.run_config or None, ns.federation_config or None, ns.timeout, superlink=sl)
+
+    try:
+        if ns.address:
+            with ExistingSuperLink(ns.address) as sl:
+                run = go(sl)
+        else:
+            with LocalSuperLink(simulation=not ns.deployment, keep_home=ns.keep_home) as sl:
+                if ns.keep_home:
+                    print(f"FLWR_HOME={sl.home}", file=sys.stderr)
+                run = go(sl)
+    except RunFailed as exc:
+        print(exc, file=sys.stderr)
+        print(json.dumps({"run-id": str(exc.run_id), "status": exc.status}))
+        return 1
+    except (FlowerCliError, SuperLinkStartError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not ns.quiet:
+        print(strip_ansi(run.get("logs", "")), file=sys.stderr)
+    print(json.dumps({k: v for k, v in run.items() if k != "logs"}))
+    return 0
+
+
+def stop_local_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog=f"{PROG} stop-local",
+        description="Stop the SuperLink that `flwr run .` started for one FLWR_HOME (found by its "
+                    "--log-file FLWR_HOME/local-superlink/superlink.log), with its children; SuperLinks of "
+                    "other FLWR_HOMEs and other users are left alone.")
+    parser.add_argument("--flwr-home", help="default: $FLWR_HOME, else ~/.flwr (as flwr decides)")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
+    ns = parser.parse_args(argv)
+    log_file = local_log_file(ns.flwr_home)
+    try:
+        stopped = stop_local_superlink(ns.flwr_home, ns.timeout)
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if not stopped:
+        print(f"no local SuperLink of this user logs to {log_file}")
+    for pid in sorted(stopped):
+        print(f"stopped local SuperLink pid {pid} (log {log_file})")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["stop-local"]:  # an app folder of that name: pass ./stop-local
+        return stop_local_main(args[1:])
+    return run_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

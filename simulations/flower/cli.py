@@ -1,0 +1,246 @@
+"""Wrappers of the ``flwr`` CLI (flwr 1.42): submit a run, its status, wait, logs, stop.
+
+Facts relied on: ``flwr run/ls/stop --format json`` exit 0 even on errors and print
+``{"success": false, "error-message": ...}``; ``flwr run`` exits 0 when the run later
+fails, so success is decided by the status from ``flwr ls`` (``finished:completed`` /
+``finished:failed`` / ``finished:stopped``; before that ``pending``, ``starting``,
+``running``). ``flwr log ID CONN --stream`` on a finished run prints the whole log and
+exits; on a live run it streams until the run finishes. The JSON output is read by the
+one parser, ``server.deploy.cli_json`` (also used by ``submit.sh``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from server.deploy.cli_json import parse_cli_json
+
+from .processes import exe, stop, strip_ansi, tail
+from .superlink import LocalSuperLink, SuperLinkLike
+
+__all__ = ["STATUS_COMPLETED", "STATUS_FAILED", "STATUS_STOPPED", "FlowerCliError", "RunFailed", "RunTimeout",
+           "fetch_logs", "flwr_json", "format_overrides", "is_finished", "parse_cli_json", "run_app", "run_status",
+           "stop_run", "submit_run", "wait_for_run"]
+
+STATUS_COMPLETED = "finished:completed"
+STATUS_FAILED = "finished:failed"
+STATUS_STOPPED = "finished:stopped"
+_KEY_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class FlowerCliError(RuntimeError):
+    """A ``flwr`` command failed, timed out, or answered ``"success": false``."""
+
+    def __init__(self, cmd: Sequence[str], message: str, stdout: str = "", stderr: str = ""):
+        self.cmd, self.stdout, self.stderr = list(cmd), stdout, stderr
+        super().__init__(f"{' '.join(self.cmd)}: {message}")
+
+
+class RunFailed(RuntimeError):
+    """A run finished with a status other than ``finished:completed``."""
+
+    def __init__(self, run_id: int, status: str, logs_tail: str = "", details: str = ""):
+        self.run_id, self.status, self.logs_tail, self.details = run_id, status, logs_tail, details
+        msg = f"Flower run {run_id} ended with status {status!r}"
+        if details and details != "N/A":
+            msg += f": {details}"
+        if logs_tail:
+            msg += f"\n--- last log lines ---\n{logs_tail}"
+        super().__init__(msg)
+
+
+class RunTimeout(RunFailed):
+    """The run did not finish within the time bound (it is stopped best-effort)."""
+
+
+def _toml_value(key: str, value: Any) -> str:
+    """One value in the TOML form that ``flwr.common.config.parse_config_args`` reads back."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return ("inf" if value > 0 else "-inf") if math.isinf(value) else repr(value)
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, str):
+        # flwr splits pairs with (\S+?)=('[^']*'|"[^"]*"|\S+): a quoted value may not
+        # contain its own quote character at all.
+        if "\n" in value or "\r" in value:
+            raise ValueError(f"override {key!r}: newlines are not supported")
+        if "'" not in value:
+            return f"'{value}'"  # TOML literal string: verbatim
+        if '"' not in value:
+            return json.dumps(value)  # TOML basic string (JSON escapes are valid TOML)
+        raise ValueError(f"override {key!r}: a string with both ' and \" is not supported")
+    raise TypeError(f"override {key!r}: unsupported type {type(value).__name__} (use bool, int, float or str)")
+
+
+def format_overrides(config: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
+    """``{"lr": 0.1, "task": "digits"}`` -> ``["lr=0.1", "task='digits'"]`` (flwr has a
+    parser, ``parse_config_args``, but no writer). Strings pass through unchanged."""
+    if config is None:
+        return []
+    if isinstance(config, str):
+        return [config]
+    if not isinstance(config, Mapping):
+        return [str(item) for item in config]
+    out = []
+    for key, value in config.items():
+        if not _KEY_RE.match(str(key)):
+            raise ValueError(f"invalid override key {key!r} (letters, digits, '_', '.', '-')")
+        out.append(f"{key}={_toml_value(str(key), value)}")
+    return out
+
+
+def run_cli(args: Sequence[str], superlink: SuperLinkLike, timeout: float) -> tuple[int, str, str]:
+    """``flwr ARGS`` bounded by ``timeout``; (returncode, stdout, stderr)."""
+    cmd = [*getattr(superlink, "command_prefix", ()), exe("flwr"), *args]
+    proc = subprocess.Popen(cmd, cwd=superlink.cwd, env=superlink.env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop(proc, timeout=0.0)
+        out, err = proc.communicate(timeout=10)
+        raise FlowerCliError(cmd, f"timed out after {timeout:.0f}s", out.decode(errors="replace"),
+                             err.decode(errors="replace")) from None
+    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def flwr_json(args: Sequence[str], superlink: SuperLinkLike, timeout: float = 60.0) -> dict[str, Any]:
+    """Run ``flwr ARGS --format json``; the parsed object, or FlowerCliError."""
+    argv = [*args, "--format", "json"]
+    code, out, err = run_cli(argv, superlink, timeout)
+    cmd = ["flwr", *argv]
+    try:
+        data = parse_cli_json(out)
+    except ValueError:
+        raise FlowerCliError(cmd, f"exit {code}, no JSON output:\n{tail(out + err, 30)}", out, err) from None
+    if not isinstance(data, dict) or not data.get("success", False):
+        msg = data.get("error-message", data) if isinstance(data, dict) else data
+        raise FlowerCliError(cmd, strip_ansi(str(msg)), out, err)
+    return data
+
+
+def submit_run(app_dir: str | os.PathLike[str], superlink: SuperLinkLike,
+               run_config: Mapping[str, Any] | Sequence[str] | None = None,
+               federation_config: Mapping[str, Any] | Sequence[str] | None = None, timeout: float = 120.0) -> int:
+    """``flwr run APP CONN --format json`` with overrides; the run id.
+
+    ``run_config`` keys must exist in the app's ``[tool.flwr.app.config]``.
+    ``federation_config`` (simulation): ``num-supernodes``, ``backend``,
+    ``client-resources-num-cpus`` (int), ``client-resources-num-gpus`` (float), ``init-args-*``.
+    """
+    app = Path(app_dir).expanduser().resolve()
+    if not (app / "pyproject.toml").is_file():
+        raise FileNotFoundError(f"no pyproject.toml in {app}")
+    args = ["run", str(app), superlink.connection]
+    for item in format_overrides(run_config):
+        args += ["--run-config", item]
+    fed = format_overrides(federation_config)
+    if fed:
+        args += ["--federation-config", " ".join(fed)]
+    data = flwr_json(args, superlink, timeout)
+    run_id = data.get("run-id")
+    if run_id in (None, ""):
+        raise FlowerCliError(["flwr", *args], f"no run-id in {data}")
+    return int(run_id)
+
+
+def run_status(run_id: int, superlink: SuperLinkLike, timeout: float = 60.0) -> dict[str, Any]:
+    """The run's dict from ``flwr ls --run-id ID --format json`` (``run-id``, ``status``,
+    ``status-details``, ``elapsed``, ``pending-at`` ... ``finished-at``, ...)."""
+    data = flwr_json(["ls", superlink.connection, "--run-id", str(int(run_id))], superlink, timeout)
+    for run in data.get("runs") or []:
+        if str(run.get("run-id")) == str(int(run_id)):
+            return run
+    raise FlowerCliError(["flwr", "ls", "--run-id", str(run_id)], f"run not in {data}")
+
+
+def is_finished(status: str) -> bool:
+    return status.split(":", 1)[0] == "finished"
+
+
+def wait_for_run(run_id: int, superlink: SuperLinkLike, timeout: float, poll_interval: float = 2.0) -> dict[str, Any]:
+    """Poll until the status is ``finished:*``; its dict. RunTimeout past ``timeout``; a
+    LocalSuperLink that died is reported at once (RunFailed, status ``superlink-died``)."""
+    deadline = time.monotonic() + timeout
+    last: dict[str, Any] = {"status": "unknown"}
+    while True:
+        if isinstance(superlink, LocalSuperLink) and not superlink.is_running():
+            raise RunFailed(run_id, "superlink-died", superlink.output_tail())
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RunTimeout(run_id, str(last.get("status")), details=f"not finished after {timeout:.0f}s")
+        try:
+            last = run_status(run_id, superlink, timeout=max(5.0, min(60.0, left)))
+        except FlowerCliError:
+            if deadline - time.monotonic() <= 0:
+                raise
+            time.sleep(poll_interval)
+            continue
+        if is_finished(str(last.get("status", ""))):
+            return last
+        time.sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))
+
+
+def fetch_logs(run_id: int, superlink: SuperLinkLike, timeout: float = 60.0) -> str:
+    """The run's log (ServerApp output and, in simulation, ClientApp output via Ray);
+    bounded by ``timeout`` (partial on timeout: a live run streams until it ends)."""
+    try:
+        _, out, _ = run_cli(["log", str(int(run_id)), superlink.connection, "--stream"], superlink, timeout)
+    except FlowerCliError as exc:
+        return exc.stdout
+    lines = out.splitlines(keepends=True)
+    banners = ("Using SuperLink:", "Starting logstream for run_id")
+    while lines and any(b in lines[0] for b in banners):  # the CLI's own first lines
+        lines.pop(0)
+    return "".join(lines)
+
+
+def stop_run(run_id: int, superlink: SuperLinkLike, timeout: float = 60.0) -> bool:
+    """``flwr stop ID CONN``; True if the SuperLink reports success."""
+    try:
+        flwr_json(["stop", str(int(run_id)), superlink.connection], superlink, timeout)
+    except FlowerCliError:
+        return False
+    return True
+
+
+def run_app(app_dir: str | os.PathLike[str], run_config: Mapping[str, Any] | Sequence[str] | None = None,
+            federation_config: Mapping[str, Any] | Sequence[str] | None = None, timeout: float = 600.0, *,
+            superlink: SuperLinkLike | None = None, superlink_kwargs: Mapping[str, Any] | None = None,
+            poll_interval: float = 2.0, log_tail_lines: int = 60, fetch_log: bool = True) -> dict[str, Any]:
+    """Start a LocalSuperLink (unless one is given), submit, wait, fetch logs.
+
+    Returns the run's dict plus ``"logs"`` (``""`` without ``fetch_log``). Raises RunFailed
+    unless the status is ``finished:completed``; RunTimeout (run stopped) past ``timeout``.
+    """
+    if superlink is None:
+        with LocalSuperLink(**dict(superlink_kwargs or {})) as own:
+            return run_app(app_dir, run_config, federation_config, timeout, superlink=own,
+                           poll_interval=poll_interval, log_tail_lines=log_tail_lines, fetch_log=fetch_log)
+    deadline = time.monotonic() + timeout
+    run_id = submit_run(app_dir, superlink, run_config, federation_config, timeout=min(120.0, timeout))
+    try:
+        run = wait_for_run(run_id, superlink, max(1.0, deadline - time.monotonic()), poll_interval=poll_interval)
+    except RunTimeout as exc:
+        stop_run(run_id, superlink, timeout=30.0)
+        logs = fetch_logs(run_id, superlink, timeout=15.0)
+        raise RunTimeout(run_id, exc.status, tail(logs, log_tail_lines), exc.details) from None
+    run["logs"] = fetch_logs(run_id, superlink, timeout=60.0) if fetch_log else ""
+    status = str(run.get("status"))
+    if status != STATUS_COMPLETED:
+        raise RunFailed(run_id, status, tail(run["logs"], log_tail_lines), str(run.get("status-details", "")))
+    return run

@@ -1,0 +1,126 @@
+"""simulations.flower without a SuperLink: the one JSON reader, overrides read back by flwr's
+own parser, the one stop helper, and ``stop-local`` stopping only this FLWR_HOME's SuperLink.
+
+Stand-ins replace real SuperLinks: a script named ``flower-superlink`` that sleeps, started
+with the command line flwr uses (``--port 39091 --log-file FLWR_HOME/local-superlink/...``)
+and a child of its own (like flower-superexec). Every wait polls with a bounded deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from server.deploy.cli_json import field, parse_cli_json
+from simulations.flower import format_overrides
+from simulations.flower.__main__ import main
+from simulations.flower.deploy import last_record
+from simulations.flower.local import find_local_superlinks, local_log_file
+from simulations.flower.processes import alive, process_tree, stop
+
+STAND_IN = """\
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_parse_cli_json_finds_the_object_after_banners() -> None:
+    text = 'Loading project configuration...\n{"success": true,\n "runs": [{"run-id": 7, "status": "finished:failed"}]}\n'
+    obj = parse_cli_json(text)
+    assert field(obj, "runs.status") == "finished:failed"
+    assert field(obj, "runs") == {"run-id": 7, "status": "finished:failed"}
+    assert field(obj, "missing") == ""
+    assert parse_cli_json('{"a": 1}\nlog line\n{"a": 2}\n', last=True) == {"a": 2}
+    assert last_record("run-id 3\n{not json\n") == {}
+    with pytest.raises(ValueError, match="no JSON object"):
+        parse_cli_json("Error: connection refused")
+
+
+def test_cli_json_script_as_submit_sh_calls_it() -> None:
+    script = Path(__file__).resolve().parents[1] / "server" / "deploy" / "cli_json.py"
+    out = subprocess.run([sys.executable, str(script), "runs.status"], input='x\n{"runs": [{"status": "s"}]}',
+                         capture_output=True, text=True, timeout=30)
+    assert (out.returncode, out.stdout) == (0, "s\n")
+
+
+def test_overrides_read_back_by_flwr() -> None:
+    config = pytest.importorskip("flwr.common.config")
+    values = {"a": 1, "b": 0.5, "c": True, "d": "x y", "e": "it's", "f": -2.5e-7, "g": float("inf")}
+    assert config.parse_config_args(format_overrides(values)) == values
+
+
+def _start(argv: list[str], cwd: Path) -> tuple[subprocess.Popen, int]:
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    child = int(proc.stdout.readline())  # the stand-in has spawned its child
+    return proc, child
+
+
+def _local_superlink(home: Path, tmp: Path) -> tuple[subprocess.Popen, int]:
+    script = tmp / "bin" / "flower-superlink"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(STAND_IN)
+    return _start([sys.executable, str(script), "--insecure", "--simulation", "--isolation", "subprocess",
+                   "--host", "127.0.0.1", "--port", "39091", "--log-file", str(local_log_file(home)),
+                   "--database", str(home / "local-superlink" / "state.db")], tmp)
+
+
+def _wait_gone(pids: dict[int, int], seconds: float = 30.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not alive(pids)
+
+
+def test_stop_local_stops_only_this_flwr_home(tmp_path: Path, monkeypatch, capsys) -> None:
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    a, a_child = _local_superlink(mine, tmp_path)
+    b, b_child = _local_superlink(other, tmp_path)
+    try:
+        assert set(find_local_superlinks(mine)) == {a.pid}
+        tree_a = process_tree([a.pid])
+        assert a_child in tree_a
+        monkeypatch.setenv("FLWR_HOME", str(mine))  # the default, as flwr decides it
+        assert main(["stop-local", "--timeout", "10"]) == 0
+        assert f"pid {a.pid}" in capsys.readouterr().out
+        assert _wait_gone(tree_a)
+        assert a.wait(timeout=10) is not None
+        assert set(alive(process_tree([b.pid]))) == {b.pid, b_child}  # the other FLWR_HOME's survives
+        assert main(["stop-local"]) == 0  # nothing left: says so, exit 0
+        assert "no local SuperLink" in capsys.readouterr().out
+    finally:
+        for proc in (a, b):
+            stop(proc, timeout=5.0)
+            proc.stdout.close()
+
+
+def test_stop_reaches_a_child_in_another_session_and_a_sigterm_ignorer(tmp_path: Path) -> None:
+    ignorer = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(0, flush=True); time.sleep(600)"
+    proc, child = _start([sys.executable, "-c", STAND_IN], tmp_path)
+    stubborn = subprocess.Popen([sys.executable, "-c", ignorer], stdout=subprocess.PIPE, text=True)
+    stubborn.stdout.readline()  # the SIGTERM handler is installed
+    try:
+        tree = process_tree([proc.pid])
+        assert child in tree
+        assert stop(proc, timeout=10.0) == {}
+        assert not alive(tree) and proc.returncode is not None
+        assert stop(pids={stubborn.pid: process_tree([stubborn.pid])[stubborn.pid]}, timeout=0.2) == {}
+        assert stubborn.wait(timeout=10) == -9
+    finally:
+        stubborn.kill()
+        stubborn.stdout.close()
+        proc.stdout.close()
+
+
+def test_local_log_file_matches_flwr(monkeypatch, tmp_path: Path) -> None:
+    """flwr's own (private) path helper agrees: a flwr upgrade that moves the log fails here."""
+    local = pytest.importorskip("flwr.cli.local_superlink")
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    assert local._get_local_superlink_paths()[1] == local_log_file()
+    assert os.environ["FLWR_HOME"] == str(tmp_path)
