@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from logging import INFO, WARNING
 from pathlib import Path
-from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid, ServerApp
@@ -18,18 +17,11 @@ from tasks import cached_task, initial_model, partitions
 from tasks.config import RunConfig
 from tasks.device import pick_device
 
-from .checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    ResumedStrategy,
-    check_resumable,
-    load_checkpoint,
-    restore_strategy,
-    save_checkpoint,
-    strategy_state,
-)
+from .checkpoint import Checkpoint, restore_strategy, resume_point, save_checkpoint, strategy_state
 from .faults import WatchedGrid
-from .results import ResultsWriter, save_weights
+from .results import ResultsWriter, RunClock, check_replies, round_row, save_weights
+from .resumed import ResumedStrategy
+from .run_folder import claim_run_folder
 
 app = ServerApp()
 
@@ -123,21 +115,17 @@ def check_partitions(cfg: RunConfig) -> None:
         )
 
 
-def resume_point(cfg: RunConfig, folder: Path, strategy: object) -> Checkpoint | None:
-    """The checkpoint to continue from (resume=true), checked against the config; None: round 0."""
+def resume(cfg: RunConfig, folder: Path, strategy: object) -> Checkpoint | None:
+    """resume=true: the checkpoint to continue from, its strategy state restored; None: round 0."""
     if not cfg.resume:
         return None
-    ckpt = load_checkpoint(folder)
+    ckpt = resume_point(folder, cfg.to_mapping(), cfg.num_rounds)
     if ckpt is None:
         log(WARNING, "resume=true but %s holds no checkpoint: starting at round 0", folder)
         return None
-    check_resumable(ckpt.meta.get("config", {}), cfg.to_mapping())
-    if ckpt.round > cfg.num_rounds:
-        raise CheckpointError(f"the checkpoint is at round {ckpt.round}, past num-rounds={cfg.num_rounds}")
     restore_strategy(strategy, ckpt.strategy_state)
     log(INFO, "Resuming %s from its round-%d checkpoint", folder.name, ckpt.round)
     return ckpt
-
 
 
 @app.main()
@@ -145,13 +133,19 @@ def main(grid: Grid, context: Context) -> None:
     cfg = RunConfig.from_mapping(dict(context.run_config))
     folder = (Path(cfg.results_dir) / cfg.folder_name()).resolve()
     log(INFO, "CELGC run: %s -> results in %s", cfg.task, folder)
+    with claim_run_folder(folder, resume=cfg.resume):
+        run(grid, cfg, folder)
+
+
+def run(grid: Grid, cfg: RunConfig, folder: Path) -> None:
+    """The run in its (claimed) folder: federation check, rounds, results rows, checkpoints, weights."""
     task = cached_task(cfg)
     device = pick_device(cfg.device)
     check_partitions(cfg)
     model = initial_model(task, cfg.seed).to(device)
     arrays = ArrayRecord(model.state_dict())
     strategy = build_strategy(cfg, task.train_size)
-    ckpt = resume_point(cfg, folder, strategy)
+    ckpt = resume(cfg, folder, strategy)
     done = ckpt.round if ckpt else 0
     if ckpt:
         arrays = ArrayRecord(ckpt.arrays)
@@ -160,43 +154,32 @@ def main(grid: Grid, context: Context) -> None:
     writer = ResultsWriter(folder, cfg.to_mapping(), {"train-size": task.train_size,
                                                       "model-bytes": state_nbytes(model.state_dict())},
                            resume_from=done if ckpt else None)
-    clock = {"start": time.monotonic() - (float(ckpt.meta.get("wall-clock", 0.0)) if ckpt else 0.0), "eval": 0.0}
+    clock = RunClock(float(ckpt.meta.get("wall-clock", 0.0)) if ckpt else 0.0)
 
     def evaluate_fn(server_round: int, round_arrays: ArrayRecord) -> MetricRecord | None:
         t0 = time.monotonic()
-        row: dict[str, Any] = {
-            "round": server_round,
-            "global-epoch": strategy.epoch_at(server_round, cfg.num_clients),
-            "communication-rounds": server_round,
-        }
+        epoch = strategy.epoch_at(server_round, cfg.num_clients)
+        row = round_row(server_round, epoch)
         if server_round > 0:
             failures = watched.take_failures()
             rejected = [f for f in strategy.last_failures if ": rejected, " in f]
             replies = int((strategy.last_round_metrics or {}).get("replies", 0))
-            if replies < cfg.required_replies:
-                why = "; ".join(x for x in [WatchedGrid.describe(failures), *rejected] if x) or "none recorded"
-                raise RuntimeError(
-                    f"round {server_round}: {replies} sound replies, {cfg.required_replies} required "
-                    f"(min-replies); failures: {why}"
-                )
-            row["failed-nodes"] = sorted(failures, key=lambda k: (isinstance(k, str), k if isinstance(k, int) else 0, str(k)))
-            if failures or rejected:
-                row["failures"] = [WatchedGrid.describe({k: v}) for k, v in failures.items()] + rejected
-            if done and server_round == done + 1:
-                row["resumed-from-round"] = done
+            check_replies(server_round, replies, cfg.required_replies, [WatchedGrid.describe(failures), *rejected])
             lr, clip = strategy.round_hparams(server_round, cfg.num_clients)
-            row.update({"lr": lr, "clip": clip})
-            row.update(dict(strategy.last_round_metrics or {}))
+            failed = sorted(failures, key=lambda k: (isinstance(k, str), k if isinstance(k, int) else 0, str(k)))
+            reasons = [WatchedGrid.describe({k: v}) for k, v in failures.items()] + rejected
+            row = round_row(server_round, epoch, lr=lr, clip=clip, failed_nodes=failed,
+                            failures=reasons, resumed_from=done if done and server_round == done + 1 else None,
+                            metrics=dict(strategy.last_round_metrics or {}))
         metrics = None
-        if server_round % cfg.eval_every == 0 or server_round == cfg.num_rounds:
+        if cfg.evaluates(server_round):
             model.load_state_dict(round_arrays.to_torch_state_dict())
             metrics = task.evaluate(model, device)
             row.update(metrics)
-        clock["eval"] += time.monotonic() - t0
-        row["wall-clock"] = time.monotonic() - clock["start"] - clock["eval"]
+        clock.exclude(time.monotonic() - t0)
+        row["wall-clock"] = clock.now()
         writer.row(row)
-        every = cfg.checkpoint_every
-        if server_round > 0 and every and (server_round % every == 0 or server_round == cfg.num_rounds):
+        if cfg.checkpoints(server_round):
             save_checkpoint(folder, Checkpoint(
                 round=server_round, arrays=round_arrays.to_torch_state_dict(), strategy_state=strategy_state(strategy),
                 meta={"config": cfg.to_mapping(), "wall-clock": row["wall-clock"], "num-rounds": cfg.num_rounds},

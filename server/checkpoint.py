@@ -8,23 +8,20 @@ lists and dicts only, never arbitrary pickled objects; the metadata travels as a
 No RNG state is saved because none is needed: a client's minibatches are a pure function
 of (seed, partition id, round), so global arrays + round + strategy state are the whole
 state of a run, and a resumed run ends with the same model, bit for bit, as one that was
-never interrupted. ``ResumedStrategy`` runs a strategy from round k + 1 under Flower's own
-``Strategy.start`` loop.
+never interrupted. No flwr import: the engine uses this module too; ``server.resumed``
+runs a Flower strategy from round k + 1 under Flower's own ``Strategy.start`` loop.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
 
 FORMAT = 1
 FILENAME = "checkpoint.pt"
@@ -130,6 +127,41 @@ def check_resumable(saved: Mapping[str, Any], current: Mapping[str, Any]) -> Non
         )
 
 
+def resume_point(folder: str | Path, config: Mapping[str, Any], num_rounds: int) -> Checkpoint | None:
+    """The checkpoint a run with ``resume=true`` continues from, checked against its config.
+
+    None: no checkpoint, start at round 0 -- allowed only while the folder's results hold no
+    trained round (a run killed before its first checkpoint); rows of trained rounds without
+    a checkpoint (``checkpoint-every=0``) cannot be continued and are never overwritten.
+    """
+    ckpt = load_checkpoint(folder)
+    if ckpt is None:
+        results = Path(folder) / "results.jsonl"
+        trained = [row["round"] for row in _rows(results) if row.get("kind") == "round" and row.get("round", 0) > 0]
+        if trained:
+            raise CheckpointError(
+                f"{folder} holds results up to round {max(trained)} but no checkpoint (checkpoint-every=0?): it "
+                f"cannot be resumed; choose another run-name")
+        return None
+    check_resumable(ckpt.meta.get("config", {}), config)
+    if ckpt.round > num_rounds:
+        raise CheckpointError(f"the checkpoint is at round {ckpt.round}, past num-rounds={num_rounds}")
+    return ckpt
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line torn by a crash
+            if isinstance(obj, dict) and isinstance(obj.get("round", 0), int):
+                rows.append(obj)
+    return rows
+
+
 def strategy_state(strategy: object) -> dict[str, torch.Tensor | Scalar]:
     """``strategy.state_dict()`` if the strategy keeps state across rounds, else {}."""
     fn = getattr(strategy, "state_dict", None)
@@ -145,47 +177,6 @@ def restore_strategy(strategy: object, state: Mapping[str, torch.Tensor | Scalar
         raise CheckpointError(f"the checkpoint holds strategy state {sorted(state)} but "
                               f"{type(strategy).__name__} has no load_state_dict()")
     fn(dict(state))
-
-
-class ResumedStrategy(Strategy):
-    """``inner`` seen from round ``done`` on: its round r is this wrapper's round r - done.
-
-    ``ResumedStrategy(s, k).start(num_rounds=n - k, ...)`` runs rounds k + 1 ... n of ``s``
-    in Flower's ``Strategy.start`` loop. Its initial ``evaluate_fn(0, ...)`` call is the
-    state already evaluated by the interrupted run: wrap evaluate_fn with ``shift_evaluate``.
-    """
-
-    def __init__(self, inner: Strategy, done: int) -> None:
-        if done < 0:
-            raise ValueError(f"done must be >= 0, got {done}")
-        self.inner = inner
-        self.done = done
-
-    def summary(self) -> None:
-        self.inner.summary()
-
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
-        return self.inner.configure_train(server_round + self.done, arrays, config, grid)
-
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        return self.inner.aggregate_train(server_round + self.done, replies)
-
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
-        return self.inner.configure_evaluate(server_round + self.done, arrays, config, grid)
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        return self.inner.aggregate_evaluate(server_round + self.done, replies)
-
-    def shift_evaluate(self, evaluate_fn):  # noqa: ANN001, ANN201 - Flower's evaluate_fn type
-        """evaluate_fn in the inner strategy's round numbers; skips the resumed round itself."""
-        def shifted(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-            if self.done and server_round == 0:
-                return None
-            return evaluate_fn(server_round + self.done, arrays)
-        return shifted
 
 
 def _json_default(value: Any) -> Any:

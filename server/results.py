@@ -78,6 +78,55 @@ class ResultsWriter:
             os.fsync(f.fileno())
 
 
+class TooFewReplies(RuntimeError):
+    """A round ended with fewer sound replies than min-replies asks for: the run fails."""
+
+
+def check_replies(server_round: int, replies: int, required: int, failures: list[str]) -> None:
+    """Raise TooFewReplies naming the round and what failed when ``replies < required``."""
+    if replies < required:
+        why = "; ".join(x for x in failures if x) or "none recorded"
+        raise TooFewReplies(f"round {server_round}: {replies} sound replies, {required} required (min-replies); "
+                            f"failures: {why}")
+
+
+def round_row(server_round: int, global_epoch: float, *, lr: float | None = None, clip: float | None = None,
+              failed_nodes: list[Any] | None = None, failures: list[str] | None = None,
+              resumed_from: int | None = None, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One results row, the same keys in the same order for the ServerApp and the engine.
+
+    Round 0 (the initial model) has only the first three keys; a trained round adds the
+    failed nodes (and their reasons), the round a resumed run continued from, lr, clip and
+    the round's metrics; the caller adds the evaluation and ``wall-clock``.
+    """
+    row: dict[str, Any] = {"round": server_round, "global-epoch": global_epoch, "communication-rounds": server_round}
+    if server_round == 0:
+        return row
+    row["failed-nodes"] = list(failed_nodes or [])
+    if failures:
+        row["failures"] = list(failures)
+    if resumed_from:
+        row["resumed-from-round"] = resumed_from
+    row.update({"lr": lr, "clip": clip})
+    row.update(metrics or {})
+    return row
+
+
+class RunClock:
+    """Training wall-clock: time since the start, central evaluation excluded; a resumed
+    run continues from the wall-clock its checkpoint recorded."""
+
+    def __init__(self, already: float = 0.0) -> None:
+        self.start = time.monotonic() - already
+        self.excluded = 0.0
+
+    def exclude(self, seconds: float) -> None:
+        self.excluded += seconds
+
+    def now(self) -> float:
+        return time.monotonic() - self.start - self.excluded
+
+
 def read_results(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(header, round rows) of a results file."""
     header: dict[str, Any] = {}

@@ -104,6 +104,15 @@ class RunConfig:
 
         return self.run_name or f"{self.task}-{self.algorithm}-I{self.local_steps}-s{self.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
 
+    def evaluates(self, server_round: int) -> bool:
+        """Central evaluation after this round: every ``eval-every`` rounds and after the last."""
+        return server_round % self.eval_every == 0 or server_round == self.num_rounds
+
+    def checkpoints(self, server_round: int) -> bool:
+        """A checkpoint after this round: every ``checkpoint-every`` rounds and after the last (0: never)."""
+        every = self.checkpoint_every
+        return server_round > 0 and every > 0 and (server_round % every == 0 or server_round == self.num_rounds)
+
     @property
     def required_replies(self) -> int:
         return self.min_replies or self.num_clients

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -22,12 +21,13 @@ from server.app import app as server_app
 from server.checkpoint import (
     Checkpoint,
     CheckpointError,
-    ResumedStrategy,
     check_resumable,
     load_checkpoint,
     save_checkpoint,
 )
 from server.results import load_weights, read_results
+from server.resumed import ResumedStrategy
+from server.run_folder import claim_run_folder
 from tasks.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,8 +85,8 @@ from server.checkpoint import Checkpoint, save_checkpoint
 folder = sys.argv[1]
 big = {f"p{i}": torch.full((256, 256), float(i)) for i in range(24)}  # ~6 MB: writes take a while
 r = 1
-print("ready", flush=True)
 while True:
+    print("writing", r, flush=True)
     save_checkpoint(folder, Checkpoint(round=r, arrays={k: v + r for k, v in big.items()}))
     r += 1
 """
@@ -94,27 +94,28 @@ while True:
 
 @pytest.mark.realproc
 def test_a_crash_mid_write_leaves_a_valid_checkpoint(tmp_path):
-    """SIGKILL a process that rewrites its checkpoint in a loop; what is left always loads."""
+    """SIGKILL a process that rewrites its checkpoint in a loop, as soon as it announces the
+    write of round k (no sleeps): what is left always loads, and claiming the folder removes
+    the temp file the killed writer left."""
     script = tmp_path / "writer.py"
     script.write_text(textwrap.dedent(WRITER))
     folder = tmp_path / "ck"
-    for delay in (0.3, 0.7):
+    for kill_at in (2, 5):
         proc = subprocess.Popen([sys.executable, str(script), str(folder)], cwd=ROOT, stdout=subprocess.PIPE,
                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
         try:
-            assert proc.stdout.readline().strip() == b"ready"
-            deadline = time.monotonic() + 30
-            while not (folder / "checkpoint.pt").exists() and time.monotonic() < deadline:
-                time.sleep(0.02)
-            time.sleep(delay)
+            for expected in range(1, kill_at + 1):  # bounded: one line per write
+                assert proc.stdout.readline().split() == [b"writing", str(expected).encode()]
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=10)
             proc.stdout.close()
         ckpt = load_checkpoint(folder)
-        assert ckpt is not None and ckpt.round >= 1
+        assert ckpt is not None and ckpt.round >= kill_at - 1
         assert all(torch.equal(v, torch.full((256, 256), float(i) + ckpt.round))
                    for i, v in enumerate(ckpt.arrays.values()))
+        with claim_run_folder(folder, resume=True):
+            assert not list(folder.glob(".checkpoint.pt.*.tmp"))
 
 
 def test_resume_config_check_names_the_changed_keys():

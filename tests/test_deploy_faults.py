@@ -49,9 +49,7 @@ def test_a_failed_client_is_recorded_the_round_proceeds_and_it_rejoins(tmp_path)
 
 
 def test_a_silent_client_times_out(tmp_path):
-    start = time.monotonic()
     rows = run(tmp_path, failures={2: {2}}, silent=True, config={"min-replies": 2, "round-timeout": 1.0})
-    assert time.monotonic() - start < 60
     assert rows[2]["failed-nodes"] == [2] and rows[2]["failures"] == ["partition 2: no reply within round-timeout (1 s)"]
 
 
@@ -70,10 +68,8 @@ class Vanishing(LoopbackGrid):
 
 
 def test_too_few_nodes_online_fail_after_node_wait(tmp_path):
-    start = time.monotonic()
     with pytest.raises(NotEnoughNodes, match=r"only 1 node\(s\) online for 1 s \(node-wait\), a round needs 2"):
         run(tmp_path, Vanishing, config={"min-replies": 2, "node-wait": 1.0})
-    assert time.monotonic() - start < 60
 
 
 def test_a_run_starts_without_a_missing_host_when_min_replies_allow_it(tmp_path):

@@ -19,8 +19,12 @@ Execution path (``engine-path``, reported on screen and in the results header): 
 probes one vmapped step and falls back to sequential when the model cannot be vmapped
 (``nn.LSTM``, random layers, a model class with ``engine_vmap = False``). On the CPU ``auto``
 runs one client after another: measured (benchmarks/engine_speed.py) faster there than vmap's
-batched kernels, and bit-identical to the ClientApp. Checkpoint/resume of the Flower path is
-not implemented here.
+batched kernels, and bit-identical to the ClientApp. Results folders, ``resume`` and
+``checkpoint-every`` behave as in the ServerApp (``server.run_folder``, ``server.checkpoint``,
+one checkpoint format): a folder that holds a run is refused unless resumed, and a resumed
+run ends bit-identical to an uninterrupted one. Every process reads the checkpoint on
+resume, so the results folder must be visible to all of them (one machine, or a shared
+file system).
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ import torch
 from torch import Tensor
 
 from client.update import StepConfig, grad_norm
-from server.results import ResultsWriter, save_weights
+from server.checkpoint import Checkpoint, CheckpointError, resume_point, save_checkpoint
+from server.results import ResultsWriter, RunClock, check_replies, round_row, save_weights
+from server.run_folder import claim_run_folder
 from strategies.averaging import state_nbytes
 from strategies.naive_step import naive_server_step
 from strategies.schedule import global_epoch, scheduled
@@ -222,6 +228,27 @@ class Engine:
         metrics.update(stats)
         return metrics
 
+    # --- checkpoints (the ServerApp's format: server.checkpoint) -----------------------
+    def checkpoint(self, folder: Path, server_round: int, wall_clock: float) -> None:
+        """The global model after ``server_round`` (and naive's server momentum), atomically."""
+        momentum = {f"momentum.{k}": v for k, v in (self.momentum or {}).items()}
+        save_checkpoint(folder, Checkpoint(round=server_round, arrays=self.state, strategy_state=momentum, meta={
+            "config": self.cfg.to_mapping(), "wall-clock": wall_clock, "num-rounds": self.cfg.num_rounds}))
+
+    def resume(self, folder: Path) -> Checkpoint | None:
+        """resume=true: continue from the folder's checkpoint (every process reads it); None: round 0."""
+        ckpt = resume_point(folder, self.cfg.to_mapping(), self.cfg.num_rounds)
+        if ckpt is None:
+            log.warning("resume=true but %s holds no checkpoint: starting at round 0", folder)
+            return None
+        if set(ckpt.arrays) != set(self.state):
+            raise CheckpointError(f"{folder}: the checkpoint's arrays do not match the model's")
+        self.state = {k: ckpt.arrays[k].to(self.device) for k in self.state}
+        momentum = {k.removeprefix("momentum."): v.to(self.device) for k, v in ckpt.strategy_state.items()
+                    if k.startswith("momentum.")}
+        self.momentum = momentum or None
+        return ckpt
+
     def evaluate(self) -> dict[str, float]:
         self.model.load_state_dict(self.state)
         return self.task.evaluate(self.model, self.device)
@@ -244,59 +271,67 @@ def run_engine(cfg: RunConfig, options: EngineOptions | None = None, *, task: Ta
 
 def _run(cfg: RunConfig, options: EngineOptions, world: World, task: Any, parts: Any, write_results: bool,
          show_progress: bool) -> EngineResult:
+    folder = (Path(cfg.results_dir) / cfg.folder_name()).resolve() if write_results else None
+    if folder is None or not world.is_main:
+        return _rounds(cfg, options, world, task, parts, folder, show_progress)
+    with claim_run_folder(folder, resume=cfg.resume):  # process 0 owns the folder for the run
+        return _rounds(cfg, options, world, task, parts, folder, show_progress)
+
+
+def _rounds(cfg: RunConfig, options: EngineOptions, world: World, task: Any, parts: Any, folder: Path | None,
+            show_progress: bool) -> EngineResult:
     engine = Engine(cfg, options, world, task, parts)
     main = world.is_main
     model_bytes = state_nbytes(engine.state)
     train_size = engine.task.train_size
-    writer, folder = None, None
-    if main and write_results:
-        folder = (Path(cfg.results_dir) / cfg.folder_name()).resolve()
+    ckpt = engine.resume(folder) if folder is not None and cfg.resume else None
+    done = ckpt.round if ckpt else 0
+    writer = None
+    if main and folder is not None:
         writer = ResultsWriter(folder, cfg.to_mapping(), {
             "train-size": train_size, "model-bytes": model_bytes, "backend": "engine", "world-size": world.size,
             "engine": {**options.to_mapping(), "path": engine.path, "device": str(engine.device),
                        "notes": engine.notes},
-        })
+        }, resume_from=done if ckpt else None)
     rows: list[dict[str, Any]] = []
-    clock = {"start": time.monotonic(), "eval": 0.0}
+    clock = RunClock(float(ckpt.meta.get("wall-clock", 0.0)) if ckpt else 0.0)
     with RoundProgress(cfg.num_rounds, enabled=main and show_progress) as progress:
         for note in engine.notes:
             progress.note(f"engine: {note}; {world.size} process(es), clients {engine.clients.start}.."
                           f"{engine.clients.stop - 1} here, device {engine.device}")
             log.info("%s", note)
-        for server_round in range(cfg.num_rounds + 1):
-            row: dict[str, Any] = {
-                "round": server_round,
-                "global-epoch": global_epoch(server_round, cfg.num_clients, cfg.local_steps, cfg.batch_size,
-                                             train_size),
-                "communication-rounds": server_round,
-            }
+        if ckpt:
+            progress.note(f"engine: resuming {folder} from its round-{done} checkpoint")
+        for server_round in range(done + 1 if ckpt else 0, cfg.num_rounds + 1):
+            epoch = global_epoch(server_round, cfg.num_clients, cfg.local_steps, cfg.batch_size, train_size)
+            row = round_row(server_round, epoch)
             if server_round > 0:
                 metrics = engine.train_round(server_round)
                 replies = int(metrics.get("replies", 0))
-                if replies < cfg.required_replies:
-                    raise RuntimeError(f"round {server_round}: {replies} sound replies, {cfg.required_replies} "
-                                       f"required (min-replies); {metrics.get('rejected-replies', 0)} clients had "
-                                       f"non-finite states")
-                row["failed-nodes"] = []  # no messaging: a failing client fails the run
+                rejected = int(metrics.get("rejected-replies", 0))
+                check_replies(server_round, replies, cfg.required_replies,
+                              [f"{rejected} clients had non-finite states" if rejected else ""])
                 lr, clip = round_hparams(cfg, server_round, train_size)
-                row.update({"lr": lr, "clip": clip})
-                row.update({k: metrics.pop(k) for k in ("replies", "rejected-replies", "failed-replies")})
-                row.update({"bytes-sent": model_bytes * cfg.num_clients,
-                            "bytes-received": model_bytes * (replies + int(row["rejected-replies"]))})
-                row.update(metrics)
+                counts = {k: metrics.pop(k) for k in ("replies", "rejected-replies", "failed-replies")}
+                traffic = {"bytes-sent": model_bytes * cfg.num_clients, "bytes-received": model_bytes * (replies + rejected)}
+                row = round_row(server_round, epoch, lr=lr, clip=clip, failed_nodes=[],  # no messaging: no node fails
+                                resumed_from=done if done and server_round == done + 1 else None,
+                                metrics={**counts, **traffic, **metrics})
             t0 = time.monotonic()
-            if main and (server_round % cfg.eval_every == 0 or server_round == cfg.num_rounds):
+            if main and cfg.evaluates(server_round):
                 row.update(engine.evaluate())
-            clock["eval"] += time.monotonic() - t0
-            row["wall-clock"] = time.monotonic() - clock["start"] - clock["eval"]
+            clock.exclude(time.monotonic() - t0)
+            row["wall-clock"] = clock.now()
             rows.append(row)
             if writer is not None:
                 writer.row(row)
+                if cfg.checkpoints(server_round):
+                    engine.checkpoint(folder, server_round, row["wall-clock"])
             progress.update(row)
-    if folder is not None:
+    if folder is not None and main:
         save_weights(engine.state, folder / "model.pt")
         progress.note(f"engine: results: {folder / 'results.jsonl'}")
-    return EngineResult(engine.state, rows, engine.path, engine.clients, folder, engine.notes)
+    return EngineResult(engine.state, rows, engine.path, engine.clients, folder if main else None, engine.notes)
 
 
 def main(argv: Sequence[str] | None = None) -> EngineResult:
