@@ -47,31 +47,12 @@ from typing import Any
 
 import tomllib
 
-from tasks.config import RunConfig
+from tasks.config import RunConfig, parse_overrides
+
 from .summary import find_runs, load_run, print_table, summarize
 
 APP_DIR = Path(__file__).resolve().parents[1]  # the Flower app: the folder of pyproject.toml
 BACKENDS = ("flower", "inprocess", "engine")
-
-
-def _value(text: str) -> Any:
-    """A TOML value (``0.1``, ``true``, ``'digits'``); a bare word stays a string."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
-def parse_pairs(items: Sequence[str]) -> dict[str, Any]:
-    """``["lr=0.1 num-rounds=3", "task='digits'"]`` -> {key: value}."""
-    out: dict[str, Any] = {}
-    for item in items:
-        for pair in item.split():
-            key, sep, value = pair.partition("=")
-            if not sep or not key:
-                raise ValueError(f"expected key=value, got {pair!r}")
-            out[key] = _value(value)
-    return out
 
 
 def load_experiment(path: str | Path, overrides: dict[str, Any] | None = None,
@@ -161,13 +142,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not ns.experiments:
         parser.error("give experiment files (or --summarize RESULTS)")
     try:
-        lines = run_all(ns.experiments, ns.backend, parse_pairs(ns.set), ns.results_dir,
-                        parse_pairs(ns.federation_config), ns.timeout or math.inf, ns.fail_fast)
+        lines = run_all(ns.experiments, ns.backend, parse_overrides(ns.set), ns.results_dir,
+                        parse_overrides(ns.federation_config), ns.timeout or math.inf, ns.fail_fast)
     except (ValueError, FileNotFoundError, tomllib.TOMLDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print_table(lines, title=f"Experiments ({ns.backend})")
-    out = Path(load_experiment(ns.experiments[0], parse_pairs(ns.set), ns.results_dir)["results-dir"])
+    out = Path(load_experiment(ns.experiments[0], parse_overrides(ns.set), ns.results_dir)["results-dir"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(lines, indent=1, default=str) + "\n")
     return 1 if any(line["status"] != "ok" for line in lines) else 0

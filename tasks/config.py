@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -208,3 +209,27 @@ def _validate(c: RunConfig) -> None:
         _check(c.local_steps == 1, f"local-steps must be 1 for algorithm 'naive' (one step a round), got {c.local_steps}")
     if c.algorithm == "local-sgd":
         _check(math.isinf(c.clip), f"clip must be \"off\" for algorithm 'local-sgd', got {c.clip}")
+
+
+def _value(text: str) -> Any:
+    """A TOML value (``0.1``, ``true``, ``'digits'``, ``"80,120"``); bare words stay strings."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """``["lr=0.1 task='digits'", "more.toml"]`` -> {key: value}: ``k=v`` pairs as for
+    ``flwr run --run-config``, or a flat TOML file of keys."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item and item.endswith(".toml") and Path(item).is_file():
+            out.update(tomllib.loads(Path(item).read_text()))
+            continue
+        for pair in shlex.split(item):
+            key, sep, value = pair.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"expected key=value pairs (as for flwr run --run-config), got {pair!r}")
+            out[key.strip()] = _value(value.strip())
+    return out

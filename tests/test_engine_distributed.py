@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from server.results import load_weights, read_results
-from tasks.config import RunConfig
 from simulations.engine import Engine, EngineOptions, run_engine
 from simulations.engine.distributed import World, shard
-from simulations.engine.options import parse_overrides, split_engine_keys
+from simulations.engine.options import split_engine_keys
+from tasks.config import RunConfig, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 ROW_KEYS = ["kind", "round", "global-epoch", "communication-rounds", "failed-nodes", "lr", "clip", "replies",

@@ -32,11 +32,11 @@ def test_load_experiment_makes_paths_absolute_and_names_the_run(tmp_path, monkey
         runner.load_experiment(exp)
 
 
-def test_parse_pairs():
-    assert runner.parse_pairs(["num-rounds=3 lr=0.5", "task='digits'", "clip=off"]) == {
+def test_parse_overrides():
+    assert runner.parse_overrides(["num-rounds=3 lr=0.5", "task='digits'", "clip=off"]) == {
         "num-rounds": 3, "lr": 0.5, "task": "digits", "clip": "off"}
     with pytest.raises(ValueError, match="key=value"):
-        runner.parse_pairs(["oops"])
+        runner.parse_overrides(["oops"])
 
 
 def test_runs_in_process_reports_failures_and_writes_the_summary(tmp_path, capsys):

@@ -9,12 +9,8 @@ before the ``RunConfig`` is built.
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-import tomllib
 
 PATHS = ("auto", "vmap", "sequential")
 RANDOMNESS = ("error", "different", "same")
@@ -67,30 +63,6 @@ class EngineOptions:
 
     def to_mapping(self) -> dict[str, Any]:
         return {f.metadata["key"]: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-
-def _value(text: str) -> Any:
-    """A TOML value (``0.1``, ``true``, ``'digits'``, ``"80,120"``); bare words stay strings."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
-def parse_overrides(items: list[str] | None) -> dict[str, Any]:
-    """``["lr=0.1 task='digits'", "more.toml"]`` -> {key: value}: ``k=v`` pairs as for
-    ``flwr run --run-config``, or a flat TOML file of keys."""
-    out: dict[str, Any] = {}
-    for item in items or []:
-        if "=" not in item and item.endswith(".toml") and Path(item).is_file():
-            out.update(tomllib.loads(Path(item).read_text()))
-            continue
-        for pair in shlex.split(item):
-            key, sep, value = pair.partition("=")
-            if not sep or not key.strip():
-                raise ValueError(f"--run-config expects key=value pairs, got {pair!r}")
-            out[key.strip()] = _value(value.strip())
-    return out
 
 
 def split_engine_keys(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -49,13 +49,13 @@ from strategies.averaging import state_nbytes
 from strategies.naive_step import naive_server_step
 from strategies.schedule import global_epoch, scheduled
 from tasks import cached_task, initial_model, partitions
-from tasks.config import RunConfig
+from tasks.config import RunConfig, parse_overrides
 from tasks.device import pick_device
 from tasks.protocol import Task, example_counter
 
 from .aggregate import COLUMNS, ClientMetrics, average_round
 from .distributed import World, close_world, init_world, shard
-from .options import EngineOptions, parse_overrides, split_engine_keys
+from .options import EngineOptions, split_engine_keys
 from .progress import RoundProgress
 from .sequential import SequentialClients
 from .vectorised import VmapClients
