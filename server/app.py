@@ -93,8 +93,14 @@ def _check_nodes(grid: Grid, cfg: RunConfig, nodes: list[int], partition_of: dic
         if reply.has_error():
             continue  # an app without a query handler: the train step checks again
         info = next(iter(reply.content.metric_records.values()), {})
-        if partition_of is not None and isinstance(info.get("partition-id"), int):
-            partition_of[reply.metadata.src_node_id] = int(info["partition-id"])
+        pid, node = info.get("partition-id"), reply.metadata.src_node_id
+        if partition_of is not None and isinstance(pid, int) and not isinstance(pid, bool):
+            holder = next((n for n, p in partition_of.items() if p == pid and n != node), None)
+            if holder is not None:
+                raise FederationError(
+                    f"nodes {holder} and {node} both claim partition-id={pid}: every SuperNode needs its own "
+                    f"--node-config \"partition-id=i num-partitions={cfg.num_clients}\" (i = 0..{cfg.num_clients - 1})")
+            partition_of[node] = pid
         num = info.get("num-partitions")
         if num is not None and int(num) != cfg.num_clients:
             raise FederationError(
@@ -168,9 +174,11 @@ def run(grid: Grid, cfg: RunConfig, folder: Path) -> None:
             lr, clip = strategy.round_hparams(server_round, cfg.num_clients)
             failed = sorted(failures, key=lambda k: (isinstance(k, str), k if isinstance(k, int) else 0, str(k)))
             reasons = [WatchedGrid.describe({k: v}) for k, v in failures.items()] + rejected
+            metrics = dict(strategy.last_round_metrics or {})
+            metrics["rejected-replies"] = int(metrics.get("rejected-replies", 0)) + watched.take_rejected()
             row = round_row(server_round, epoch, lr=lr, clip=clip, failed_nodes=failed,
                             failures=reasons, resumed_from=done if done and server_round == done + 1 else None,
-                            metrics=dict(strategy.last_round_metrics or {}))
+                            metrics=metrics)
         metrics = None
         if cfg.evaluates(server_round):
             model.load_state_dict(round_arrays.to_torch_state_dict())

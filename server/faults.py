@@ -15,6 +15,15 @@ Grid a ServerApp receives and is what the strategy talks to:
   by partition id where known (from the federation check or from their train replies), so a
   node that rejoins under a new node id is still "partition 1".
 
+Membership (``expect``): the federation found by the ServerApp's check before round 1 --
+each node with ONE distinct partition id -- is the run's membership. Only members are
+offered to the strategy (``get_node_ids``); a node that connects later is asked for its
+partition and admitted only to take over the partition of a member that is offline (a
+restarted host with a new node id), otherwise ignored. A train reply that names another
+partition than its node's, or echoes another ``server-round`` than the round it answers, is
+rejected before the strategy sees it: recorded with the reason and counted
+(``take_rejected``), like a failed node. ``min-replies`` therefore counts distinct partitions.
+
 Whether a round with failures may proceed (``min-replies``) is decided by the ServerApp.
 """
 
@@ -24,7 +33,7 @@ import time
 from collections.abc import Iterable
 from logging import WARNING
 
-from flwr.app import Message, RecordDict
+from flwr.app import Message, MessageType, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore import log
@@ -47,6 +56,9 @@ class WatchedGrid(Grid):
         self.poll = poll
         self.partition_of: dict[int, int] = {}  # node id -> partition id
         self.expected: set[int | str] = set()  # who should answer every round (see expect)
+        self.members: set[int] | None = None  # node ids of the federation (None: not fixed yet)
+        self._strangers: set[int] = set()  # later nodes refused membership (asked once)
+        self._rejected = 0
         self._failures: dict[int | str, str] = {}  # partition id (or "node <id>") -> reason
         self._answered: set[int | str] = set()
         self._short_since: float | None = None
@@ -71,7 +83,7 @@ class WatchedGrid(Grid):
 
     # --- watched behaviour ------------------------------------------------------------
     def get_node_ids(self) -> Iterable[int]:
-        nodes = list(self.inner.get_node_ids())
+        nodes = self._members_online(list(self.inner.get_node_ids()))
         if len(nodes) >= self.min_nodes:
             self._short_since = None
             return nodes
@@ -87,10 +99,41 @@ class WatchedGrid(Grid):
 
     def expect(self, nodes: Iterable[int], num_partitions: int | None = None) -> None:
         """The federation: these nodes (and, if all have partition ids, partitions 0..n-1)
-        should answer every round; a round without one of them records it as failed."""
+        are the members and should answer every round; a round without one of them records
+        it as failed."""
+        nodes = list(nodes)
+        self.members = set(nodes)
         self.expected = {self.label(n) for n in nodes}
         if num_partitions and all(isinstance(x, int) for x in self.expected):
             self.expected |= set(range(num_partitions))
+
+    def _members_online(self, online: list[int]) -> list[int]:
+        """The online members; a new node may take over the partition of an offline member."""
+        if self.members is None:
+            return online
+        fresh = [n for n in online if n not in self.members and n not in self._strangers]
+        if fresh:
+            self._admit(fresh, set(online))
+        return [n for n in online if n in self.members]
+
+    def _admit(self, fresh: list[int], online: set[int]) -> None:
+        queries = [self.inner.create_message(RecordDict(), MessageType.QUERY, n, "membership") for n in fresh]
+        for reply in self.inner.send_and_receive(queries, timeout=self.node_wait):
+            node = reply.metadata.src_node_id
+            info = {} if reply.has_error() else next(iter(reply.content.metric_records.values()), {})
+            pid = info.get("partition-id")
+            holders = [m for m in self.members if self.partition_of.get(m) == pid]
+            if isinstance(pid, int) and not isinstance(pid, bool) and holders and not set(holders) & online:
+                for old in holders:
+                    self.members.discard(old)
+                self.members.add(node)
+                self.partition_of[node] = pid
+                log(WARNING, "node %d takes over partition %d from offline node %s", node, pid, holders)
+            else:
+                self._strangers.add(node)
+                why = "its partition's member is online" if holders else "it is not a member of this run's federation"
+                log(WARNING, "node %d (claims partition-id %r) is ignored: %s", node, pid, why)
+        self._strangers.update(n for n in fresh if n not in self.members)
 
     def label(self, node_id: int) -> int | str:
         """The node's partition id when known, else "node <id>"."""
@@ -107,6 +150,7 @@ class WatchedGrid(Grid):
         dst = [m.metadata.dst_node_id for m in messages]
         ids = list(self.inner.push_messages(messages))
         pending = {mid: node for mid, node in zip(ids, dst, strict=True) if mid}
+        sent_round = {mid: _round_of(m) for mid, m in zip(ids, messages, strict=True) if mid}
         for mid, node in zip(ids, dst, strict=True):
             if not mid:
                 self._fail(node, "the SuperLink did not accept the message")
@@ -119,9 +163,15 @@ class WatchedGrid(Grid):
                     continue
                 if reply.has_error():
                     self._fail(node, self._reason(reply, timeout))
-                else:
-                    self._learn(node, reply)
-                    self._answered.add(self.label(node))
+                    replies.append((node, reply))
+                    continue
+                why = self._unsound(node, reply, sent_round.get(reply.metadata.reply_to_message_id))
+                if why:
+                    self._rejected += 1
+                    self._fail(node, f"rejected, {why}")
+                    continue
+                self._learn(node, reply)
+                self._answered.add(self.label(node))
                 replies.append((node, reply))
             if not pending or (deadline is not None and time.monotonic() >= deadline):
                 break
@@ -132,6 +182,24 @@ class WatchedGrid(Grid):
         # mean of 3+ clients depends on the order of its terms, and a run must not.
         replies.sort(key=lambda nr: (nr[0] not in self.partition_of, self.partition_of.get(nr[0], 0), nr[0]))
         return [reply for _, reply in replies]
+
+    def take_rejected(self) -> int:
+        """Replies rejected for membership or round since the last call (and reset)."""
+        out, self._rejected = self._rejected, 0
+        return out
+
+    def _unsound(self, node: int, reply: Message, server_round: int | None) -> str | None:
+        """Why a reply breaks membership or the round, or None."""
+        if self.members is not None and node not in self.members:
+            return f"node {node} is not a member of the federation"
+        for record in reply.content.metric_records.values():
+            pid = record.get("partition-id")
+            if pid is not None and node in self.partition_of and pid != self.partition_of[node]:
+                return f"spoofed partition-id {pid!r} (the node holds partition {self.partition_of[node]})"
+            echoed = record.get("server-round")
+            if echoed is not None and server_round is not None and echoed != server_round:
+                return f"stale reply: server-round {echoed!r} in a reply to round {server_round}"
+        return None
 
     def take_failures(self) -> dict[int | str, str]:
         """{partition id or "node <id>": reason} since the last call (and forget them),
@@ -160,11 +228,21 @@ class WatchedGrid(Grid):
         return reply.error.reason or f"error code {code}"
 
     def _learn(self, node: int, reply: Message) -> None:
+        if node in self.partition_of:
+            return  # membership is fixed: a reply never moves a node to another partition
         for record in reply.content.metric_records.values():
             pid = record.get("partition-id")
             if isinstance(pid, int) and not isinstance(pid, bool):
                 self.partition_of[node] = pid
                 return
+
+
+def _round_of(msg: Message) -> int | None:
+    for record in msg.content.config_records.values():
+        value = record.get("server-round")
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
 
 
 def _name(label: int | str) -> str:

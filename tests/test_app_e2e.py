@@ -78,9 +78,10 @@ def test_too_few_nodes_fails_after_node_wait(tmp_path):
         run(tmp_path, node_configs=nodes)
 
 
-def test_more_nodes_than_clients_fails(tmp_path):
+def test_more_nodes_than_clients_fails_naming_the_duplicate_partition(tmp_path):
     nodes = [{"partition-id": i % 4, "num-partitions": 4} for i in range(5)]
-    with pytest.raises(FederationError, match="5 nodes are connected but num-clients is 4"):
+    with pytest.raises(FederationError, match=r"nodes \d+ and \d+ both claim partition-id=0: every SuperNode needs "
+                                              r"its own --node-config"):
         run(tmp_path, node_configs=nodes)
 
 
