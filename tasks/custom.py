@@ -107,8 +107,9 @@ def _read(which: str, dataset: Any) -> tuple[Tensor, Tensor]:
     shapes = {tuple(x.shape) for x in xs}
     if len(shapes) > 1:
         raise ValueError(f"{which} inputs must all have one shape, got {sorted(shapes)[:3]}")
-    if any(y.dim() != 0 for y in ys):
-        raise ValueError(f"{which} labels must be single integers, got a label of shape {next(tuple(y.shape) for y in ys if y.dim())}")
+    bad = next((i for i, y in enumerate(ys) if y.dim() != 0), None)
+    if bad is not None:
+        raise ValueError(f"{which}[{bad}] label must be a single integer, got shape {tuple(ys[bad].shape)}")
     return torch.stack(xs), torch.stack(ys)
 
 
