@@ -77,6 +77,17 @@ def test_the_partitioners_give_different_runs(tmp_path):
     assert len(set(losses.values())) == 3, losses
 
 
+def test_the_app_bundle_of_flwr_run_carries_the_example():
+    """`flwr run .` ships the FAB Flower builds from this folder, and puts it on the apps' path."""
+    import io
+    import zipfile
+
+    from flwr.cli.build import build_fab_from_disk
+
+    names = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(ROOT))).namelist()
+    assert {"examples/__init__.py", "examples/own_task/__init__.py", "examples/own_task/tabular.py"} <= set(names)
+
+
 def run(cmd, timeout=300):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
