@@ -11,6 +11,7 @@ from torch.utils.data import TensorDataset
 import tasks
 from server.results import read_results
 from simulations.engine import run_engine
+from simulations.summary import Run
 from tasks import load_task
 from tasks.classification import ClassificationTask
 from tasks.config import RunConfig, task_label
@@ -110,6 +111,9 @@ def test_other_task_values_name_both_forms(value):
 def test_folder_names_of_imported_tasks_have_no_colon():
     assert task_label(EXAMPLE) == "examples.own_task.tabular.make_task" and task_label("digits") == "digits"
     assert cfg_of(EXAMPLE).folder_name().startswith("examples.own_task.tabular.make_task-celgc-I8-s0-")
+    run = Run(folder=Path("r"), header={"config": {"task": EXAMPLE, "partitioner": "dirichlet", "dirichlet-alpha": 1}},
+              rows=[])
+    assert run.group == "examples.own_task.tabular.make_task-dirichlet1"  # the plots' file names
 
 
 # --- loading -----------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import torch
 
 import tasks
 from server.results import load_weights, read_results
-from simulations.engine import run_engine
+from simulations.engine import EngineOptions, run_engine
 from simulations.loopback import run_in_process
 from simulations.runner import load_experiment, run_experiment
 from tasks.config import RunConfig
@@ -70,6 +70,19 @@ def test_in_process_apps_and_engine_agree_under_each_partitioner(tmp_path, split
     assert config["task"] == EXAMPLE and config["partitioner"] == SPLITS[split].get("partitioner", "homogeneous")
     assert rows[-1]["replies"] == 4 and rows[-1]["test-accuracy"] > 0.8 > rows[0]["test-accuracy"]
     assert 0 < rows[1]["clip-fraction"]  # clipping is exercised
+
+
+def test_the_vectorised_engine_takes_the_example_model(tmp_path):
+    """engine-path=vmap (the GPU default) stacks the clients: the same sums in another order, so
+    the same model to float rounding."""
+    flower = in_process(tmp_path, "apps")
+    cfg = RunConfig.from_mapping({**BASE, "results-dir": str(tmp_path), "run-name": "vmap"})
+    assert run_engine(cfg, EngineOptions(path="vmap"), show_progress=False).path == "vmap"
+    state, config, rows = outcome(tmp_path / "vmap")
+    assert config == flower[1] and len(rows) == len(flower[2])
+    assert rows[-1]["train-loss"] == pytest.approx(flower[2][-1]["train-loss"], rel=1e-5)
+    for key, value in flower[0].items():
+        torch.testing.assert_close(state[key], value, rtol=0, atol=1e-5)
 
 
 def test_the_partitioners_give_different_runs(tmp_path):
