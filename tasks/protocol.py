@@ -12,14 +12,14 @@ built-in tasks receive: ``cfg.data_dir`` and ``cfg.download`` say where data liv
 ``cfg.seed``, ``cfg.num_clients``, ... are there when the task needs them. It returns a
 task as below, and must return the same one for the same config in every process (a fixed
 train/test split, data in a fixed order): processes build their copies independently.
-``module`` must be importable where the apps run: installed in the environment, on
-``PYTHONPATH``, or a folder of this project (``python -m simulations.engine`` and
-``torchrun`` run from the project root, and ``flwr run .`` ships the project folder to the
-ServerApp and ClientApps and puts it on their path). The common case -- inputs and integer
+``module`` must be importable where the apps run: a folder of this project (``flwr run .``
+ships the project folder to the ServerApp and ClientApps and puts it on their path;
+``python -m simulations.engine`` and ``torchrun`` run from the project root), installed in
+the environment, or, for the engine, on ``PYTHONPATH``. The common case -- inputs and integer
 class labels in memory, cross-entropy, accuracy -- is ``tasks.custom.tensor_task`` (tensors or
 NumPy arrays) or ``tasks.custom.dataset_task`` (a ``torch.utils.data.Dataset`` of
 (input, label) pairs); both give the ``tasks.classification.ClassificationTask`` the digits
-task is, so the same data trains bit for bit like a built-in task.
+task is, so the same tensors (values and strides) train bit for bit like the built-in task.
 
 Required members
 ----------------
