@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from server.results import read_results
+from tasks.config import task_label
 
 RESULTS_FILE = "results.jsonl"
 
@@ -41,7 +42,7 @@ class Run:
     @property
     def group(self) -> str:
         """Runs that belong on one figure: same task and data split."""
-        return f"{self.config.get('task', '?')}-{split_label(self.config)}"
+        return f"{task_label(str(self.config.get('task', '?')))}-{split_label(self.config)}"
 
     @property
     def metric(self) -> tuple[str, str]:

@@ -1,7 +1,8 @@
 """Tasks shared by both sides: data sets and models (pure PyTorch, no flwr).
 
-``load_task(cfg)`` returns the task named by the ``task`` config key; what a task provides
-is the protocol in ``tasks.protocol``. Below the apps: the validated run configuration
+``load_task(cfg)`` returns the task named by the ``task`` config key -- a built-in name or
+``"package.module:factory"`` (``tasks.custom``); what a task provides, and how to bring your
+own, is documented once, in ``tasks.protocol``. Below the apps: the validated run configuration
 (``tasks.config``), partitioners (``tasks.partition``), minibatch sampling
 (``tasks.sampling``), device choice (``tasks.device``).
 """
@@ -26,10 +27,15 @@ def load_task(cfg: RunConfig) -> Task:
     cifar10: CIFAR-10 + ResNet-56 (``tasks.cifar_task``; downloads only with
     ``download = true``); ptb / wikitext2: the word-level corpora + AWD-LSTM
     (``tasks.language``; never downloaded). A missing data set is a FileNotFoundError
-    that says where to put the files.
+    that says where to put the files. ``"package.module:factory"``: ``factory(cfg)``
+    (``tasks.custom.import_task``; the rules are in ``tasks.protocol``).
     """
     from .protocol import check_task
 
+    if ":" in cfg.task:
+        from .custom import import_task
+
+        return check_task(import_task(cfg), f"task {cfg.task!r}")
     return check_task(_builtin(cfg), f"task {cfg.task!r}")
 
 
@@ -60,7 +66,6 @@ def initial_model(task: Task, seed: int) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return task.build_model()
-
 
 
 @lru_cache(maxsize=4)

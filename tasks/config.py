@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,8 @@ import tomllib
 from strategies.averaging import AGGREGATIONS
 
 TASKS = ("digits", "cifar10", "ptb", "wikitext2")
+#: ``package.module:factory`` -- a task of your own (``tasks.custom``, README "Bring your own task")
+TASK_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 ALGORITHMS = ("celgc", "local-sgd", "naive")
 PARTITIONERS = ("homogeneous", "similarity", "dirichlet")
 DEVICES = ("auto", "cpu", "cuda")
@@ -34,7 +37,7 @@ def _key(name: str, doc: str, **kw: Any) -> Any:
 class RunConfig:
     """Every setting of a run. Build with ``RunConfig.from_mapping`` (validates)."""
 
-    task: str = _key("task", "data set + model: digits (offline default), cifar10, ptb, wikitext2", default="digits")
+    task: str = _key("task", "data set + model: digits (offline default), cifar10, ptb, wikitext2, or your own \"package.module:factory\"", default="digits")
     algorithm: str = _key("algorithm", "celgc, local-sgd (celgc with clip off) or naive (parallel clipping, 1 step a round)", default="celgc")
     num_clients: int = _key("num-clients", "N, clients training every round", default=8)
     num_rounds: int = _key("num-rounds", "communication rounds", default=20)
@@ -51,7 +54,7 @@ class RunConfig:
     similarity: float = _key("similarity", "s in [0, 100]: % of each class dealt i.i.d. (similarity partitioner)", default=0.0)
     dirichlet_alpha: float = _key("dirichlet-alpha", "alpha > 0 of the Dirichlet label skew", default=0.5)
     seed: int = _key("seed", "seed of model init, partitions and minibatches", default=0)
-    data_dir: str = _key("data-dir", "where data sets live (cifar10, ptb, wikitext2)", default="data")
+    data_dir: str = _key("data-dir", "where data sets live (cifar10, ptb, wikitext2; given to your own task's factory)", default="data")
     download: bool = _key("download", "allow downloading a data set that is missing", default=False)
     results_dir: str = _key("results-dir", "folder for results (relative: to the server's working directory)", default="results")
     run_name: str = _key("run-name", "results sub-folder; empty: <task>-<algorithm>-I<local-steps>-<time>", default="")
@@ -103,7 +106,7 @@ class RunConfig:
         """The results sub-folder: ``run-name``, or <task>-<algorithm>-I<local-steps>-s<seed>-<time>."""
         import time
 
-        return self.run_name or f"{self.task}-{self.algorithm}-I{self.local_steps}-s{self.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+        return self.run_name or f"{task_label(self.task)}-{self.algorithm}-I{self.local_steps}-s{self.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
 
     def evaluates(self, server_round: int) -> bool:
         """Central evaluation after this round: every ``eval-every`` rounds and after the last."""
@@ -121,6 +124,11 @@ class RunConfig:
     @property
     def clipping(self) -> bool:
         return not math.isinf(self.clip)
+
+
+def task_label(task: str) -> str:
+    """``task`` as a file-name part: a built-in name as is, ``pkg.mod:factory`` -> ``pkg.mod.factory``."""
+    return task.replace(":", ".")
 
 
 def config_keys() -> list[tuple[str, Any, str]]:
@@ -179,7 +187,8 @@ def _validate(c: RunConfig) -> None:
     def at_least(key: str, value: int, low: int) -> None:
         _check(isinstance(value, int) and value >= low, f"{key} must be an integer >= {low}, got {value!r}")
 
-    one_of("task", c.task, TASKS)
+    _check(c.task in TASKS or TASK_PATH.fullmatch(c.task) is not None,
+           f"task must be one of {', '.join(TASKS)} or an import path \"package.module:factory\", got {c.task!r}")
     one_of("algorithm", c.algorithm, ALGORITHMS)
     one_of("partitioner", c.partitioner, PARTITIONERS)
     one_of("aggregation", c.aggregation, AGGREGATIONS)

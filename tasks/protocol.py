@@ -1,7 +1,28 @@
 """What a task is: the one protocol every backend (ClientApp, ServerApp, engine) relies on.
 
-A task couples a data set with a model. Required members:
+A task couples a data set with a model. The ``task`` config key names one: a built-in
+(``digits``, ``cifar10``, ``ptb``, ``wikitext2``) or your own, ``"package.module:factory"``.
 
+Your own task (README "Bring your own task"; ``examples/own_task/`` is a complete one)
+----------------------------------------------------------------------------------------
+``factory`` is any callable reachable as ``module.attribute[.attribute...]``; every process
+that needs the task (the ServerApp, each ClientApp, each engine rank) imports ``module``
+and calls ``factory(cfg)`` with the run's validated ``tasks.config.RunConfig`` -- what the
+built-in tasks receive: ``cfg.data_dir`` and ``cfg.download`` say where data lives, and
+``cfg.seed``, ``cfg.num_clients``, ... are there when the task needs them. It returns a
+task as below, and must return the same one for the same config in every process (a fixed
+train/test split, data in a fixed order): processes build their copies independently.
+``module`` must be importable where the apps run: a folder of this project (``flwr run .``
+ships the project folder to the ServerApp and ClientApps and puts it on their path;
+``python -m simulations.engine`` and ``torchrun`` run from the project root), installed in
+the environment, or, for the engine, on ``PYTHONPATH``. The common case -- inputs and integer
+class labels in memory, cross-entropy, accuracy -- is ``tasks.custom.tensor_task`` (tensors or
+NumPy arrays) or ``tasks.custom.dataset_task`` (a ``torch.utils.data.Dataset`` of
+(input, label) pairs); both give the ``tasks.classification.ClassificationTask`` the digits
+task is, so the same tensors (values and strides) train bit for bit like the built-in task.
+
+Required members
+----------------
 * ``train_size`` -- training examples of all clients together (counts global epochs);
 * ``build_model()`` -- a fresh ``nn.Module`` (initialised from the global torch RNG;
   ``tasks.initial_model`` seeds it);
@@ -9,13 +30,27 @@ A task couples a data set with a model. Required members:
   device)`` -- the ``local_steps`` minibatches of one client in one round, a pure function
   of its arguments (``tasks.sampling.round_batches`` draws the indices);
 * ``loss(model, batch)`` -- the scalar training loss of one minibatch;
-* ``evaluate(model, device)`` -- metrics of the held-out set (keys like ``test-accuracy``);
+* ``evaluate(model, device)`` -- metrics of the held-out set (keys like ``test-accuracy``,
+  ``test-loss``; they become columns of results.jsonl);
 * ``evaluate_indices(model, device, part)`` -- metrics on one client's own data;
-* and EITHER ``labels`` (an array of training labels for the partitioners) OR
-  ``client_partitions(cfg)`` (the task's own split, one part per client).
+* and EITHER ``labels`` (an array of training labels, one per example, for the
+  partitioners: a client's ``part`` is then an array of example indices) OR
+  ``client_partitions(cfg)`` (the task's own split, one ``part`` per client, e.g. a token
+  stream each).
 
-Optional: ``count_examples(batch)`` (default: ``len(batch[0])``), and a batch may carry
-``lr_scale`` (multiplies that step's lr and clip, e.g. AWD-LSTM's seq_len / bptt).
+Optional
+--------
+* ``count_examples(batch)`` -- examples in a batch (default: ``len(batch[0])``);
+* a batch may carry ``lr_scale`` -- multiplies that step's lr and clip (e.g. AWD-LSTM's
+  seq_len / bptt);
+* per-client state within a round (e.g. an LSTM hidden state carried from window to
+  window) lives in the batches: ``round_batches`` may hand out batches that share one
+  mutable object that ``loss`` reads and updates (``tasks.language``). Clients keep no
+  state between rounds, so a round is a pure function of (seed, partition id, round);
+* a model class with ``engine_vmap = False`` makes the engine's ``auto`` path run its
+  clients one after another instead of stacked with ``torch.func.vmap``.
+
+``check_task`` names every missing required member of a task when it is loaded.
 """
 
 from __future__ import annotations
@@ -60,6 +95,11 @@ def check_task(task: object, source: str = "the task") -> Task:
     if missing:
         raise TypeError(f"{source} ({type(task).__name__}) is not a task: it lacks {', '.join(missing)} "
                         "(see tasks/protocol.py)")
+    methods = [*REQUIRED[1:], *(["client_partitions"] if hasattr(task, "client_partitions") else [])]
+    not_callable = [name for name in methods if not callable(getattr(task, name))]
+    if not_callable:
+        raise TypeError(f"{source} ({type(task).__name__}) is not a task: {', '.join(not_callable)} must be "
+                        "callable (see tasks/protocol.py)")
     return task  # type: ignore[return-value]
 
 
