@@ -33,7 +33,7 @@ while [[ $# -gt 0 ]]; do
     --database) database="$2"; shift 2 ;;
     --insecure) insecure=1; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "start_superlink.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
