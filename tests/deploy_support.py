@@ -5,6 +5,7 @@ path of a simulation, without Ray) they must match bit for bit."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 from uuid import uuid4
 
@@ -67,3 +68,20 @@ def assert_same_weights(a: Path, b: Path) -> None:
     assert list(wa) == list(wb)
     different = [k for k in wa if not torch.equal(wa[k], wb[k])]
     assert not different, f"weights differ in {different}"
+
+
+def netns_list() -> str:
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=20).stdout
+
+
+def tcp_peers(ns: str, port: int) -> set[str]:
+    """Remote IPv4 addresses of established TCP connections to ``port`` inside namespace ``ns``."""
+    text = subprocess.run(["ip", "netns", "exec", ns, "cat", "/proc/net/tcp"], capture_output=True, text=True,
+                          timeout=20, check=True).stdout
+    peers = set()
+    for line in text.splitlines()[1:]:
+        local, remote, state = line.split()[1:4]
+        if state == "01" and int(local.split(":")[1], 16) == port:
+            ip = bytes.fromhex(remote.split(":")[0])[::-1]
+            peers.add(".".join(str(b) for b in ip))
+    return peers

@@ -8,33 +8,15 @@ CAP_SYS_ADMIN, no iproute2).
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
-from deploy_support import DEPLOY_CONFIG, assert_same_weights, needs_openssl, reference_run
+from deploy_support import DEPLOY_CONFIG, assert_same_weights, needs_openssl, netns_list, reference_run, tcp_peers
 
 from simulations.flower.deploy import Deployment
 from simulations.flower.netns import Namespaces
 
 REASON = Namespaces.unavailable_reason()
-pytestmark = [needs_openssl, pytest.mark.realproc, pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}")]
-
-
-def netns_list() -> str:
-    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=20).stdout
-
-
-def tcp_peers(ns: str, port: int) -> set[str]:
-    """Remote IPv4 addresses of established TCP connections to ``port`` inside namespace ``ns``."""
-    text = subprocess.run(["ip", "netns", "exec", ns, "cat", "/proc/net/tcp"], capture_output=True, text=True,
-                          timeout=20, check=True).stdout
-    peers = set()
-    for line in text.splitlines()[1:]:
-        local, remote, state = line.split()[1:4]
-        if state == "01" and int(local.split(":")[1], 16) == port:
-            ip = bytes.fromhex(remote.split(":")[0])[::-1]
-            peers.add(".".join(str(b) for b in ip))
-    return peers
+pytestmark = [needs_openssl, pytest.mark.realproc,
+              pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}")]
 
 
 def test_superlink_and_supernodes_on_separate_hosts(tmp_path):

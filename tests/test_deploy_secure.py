@@ -79,7 +79,7 @@ def test_make_certs_is_idempotent_and_keys_are_private(tmp_path):
     run("-n", "2")  # adds supernode-1, keeps the CA and the server certificate
     assert (tmp_path / "ca.crt").read_bytes() == ca and (tmp_path / "supernode-1.pub").exists()
     for key in ("ca.key", "server.key", "supernode-0", "supernode-1"):
-        assert (tmp_path / key).stat().st_mode & 0o077 == 0, key
+        assert (tmp_path / key).stat().st_mode & 0o777 == 0o600, key
     text = subprocess.run(["openssl", "x509", "-in", str(tmp_path / "server.crt"), "-noout", "-text"],
                           capture_output=True, text=True, timeout=30, check=True).stdout
     assert "IP Address:10.0.0.5" in text and "DNS:server.example" in text and "IP Address:127.0.0.1" in text

@@ -9,7 +9,11 @@
 #                                  `flower-supernode --auth-supernode-private-key` and
 #                                  `flwr supernode register` read)
 #
-# Usage: make_certs.sh -o DIR -s HOST_OR_IP [-s ...] [-n NUM_SUPERNODES] [--days N] [--force]
+# Usage: make_certs.sh [-o DIR] -s HOST_OR_IP [-s ...] [-n NUM_SUPERNODES] [--days N] [--force]
+#
+# DIR defaults to ${XDG_CONFIG_HOME:-~/.config}/celgc/certs, outside any working tree. A DIR
+# inside a git working tree is refused unless git ignores it (this repository ignores /certs/):
+# private keys must never be committable.
 #
 # Existing files are kept, so the script can be re-run to add SuperNode keys (-n larger)
 # without invalidating what is deployed; --force recreates the CA and server certificate.
@@ -17,7 +21,7 @@
 # server host, supernode-I on client host I only.
 set -euo pipefail
 
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 out="" nodes=0 days=825 force=0 hosts=()
 while [[ $# -gt 0 ]]; do
@@ -31,13 +35,30 @@ while [[ $# -gt 0 ]]; do
     *) echo "make_certs.sh: unknown argument $1" >&2; usage 2 ;;
   esac
 done
-[[ -n "$out" ]] || { echo "make_certs.sh: -o DIR is required" >&2; exit 2; }
+out="${out:-${XDG_CONFIG_HOME:-$HOME/.config}/celgc/certs}"
 [[ "$nodes" =~ ^[0-9]+$ ]] || { echo "make_certs.sh: -n must be an integer >= 0, got $nodes" >&2; exit 2; }
 [[ "$days" =~ ^[1-9][0-9]*$ ]] || { echo "make_certs.sh: --days must be an integer >= 1, got $days" >&2; exit 2; }
 command -v openssl >/dev/null || { echo "make_certs.sh: openssl is required" >&2; exit 1; }
 
-mkdir -p "$out"
+# Refuse a DIR that git would commit: its nearest existing folder is in a work tree, and
+# DIR/ca.key is not ignored there (or is tracked).
+if command -v git >/dev/null; then
+  case "$out" in /*) abs="$out" ;; *) abs="$PWD/$out" ;; esac
+  anc="$abs"
+  while [[ ! -d "$anc" ]]; do anc="$(dirname "$anc")"; done
+  if [[ "$(git -C "$anc" rev-parse --is-inside-work-tree 2>/dev/null)" == true ]]; then
+    rel="${abs#"$anc"}"; rel="${rel#/}"
+    if ! git -C "$anc" check-ignore -q -- "${rel:+$rel/}ca.key" 2>/dev/null; then
+      echo "make_certs.sh: $out is inside the git working tree $(git -C "$anc" rev-parse --show-toplevel)" \
+           "and not ignored: private keys there could be committed. Use a folder outside it (default" \
+           "\${XDG_CONFIG_HOME:-~/.config}/celgc/certs) or add it to .gitignore." >&2
+      exit 2
+    fi
+  fi
+fi
+
 umask 077
+mkdir -p "$out"
 
 # subjectAltName: localhost and 127.0.0.1 always, then every --server-host (IP or DNS name)
 san="DNS:localhost,IP:127.0.0.1"

@@ -5,11 +5,15 @@
 #                           [--insecure] [-- EXTRA flower-superlink ARGS]
 #
 #   --certs DIR      ca.crt, server.crt, server.key from make_certs.sh
-#   --host ADDR      address to listen on (default 0.0.0.0: every interface)
-#   --port PORT      the one port of the Fleet, Control and ServerApp APIs (default 9093)
+#   --host ADDR      address to listen on (default 127.0.0.1: this host only). Flower 1.42
+#                    serves the Fleet API (SuperNodes), the Control API (`flwr run`, `flwr
+#                    supernode register`, `flwr ls`: no account authentication in the open
+#                    source SuperLink) and the Runtime API on ONE address: expose only the
+#                    Fleet API to client hosts with start_proxy.sh. Any other address warns.
+#   --port PORT      the one port of the Fleet, Control and Runtime APIs (default 9093)
 #   --database FILE  SuperLink state (registered SuperNodes, runs); keep it across restarts,
 #                    or every SuperNode must be registered again (default
-#                    $FLWR_HOME/superlink-state.db, FLWR_HOME defaulting to ~/.flwr)
+#                    $FLWR_HOME/superlink-state.db; FLWR_HOME defaults to ~/.flwr)
 #   --insecure       NO TLS and NO SuperNode authentication (Flower cannot authenticate
 #                    SuperNodes without TLS): anyone who reaches the port can join and read
 #                    the model. Only for throw-away experiments on a trusted network.
@@ -20,7 +24,7 @@
 # a relative results-dir lands here. The script replaces itself with flower-superlink (exec).
 set -euo pipefail
 
-certs="" host="0.0.0.0" port=9093 database="" insecure=0 extra=()
+certs="" host="127.0.0.1" port=9093 database="" insecure=0 extra=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --certs) certs="$2"; shift 2 ;;
@@ -29,7 +33,7 @@ while [[ $# -gt 0 ]]; do
     --database) database="$2"; shift 2 ;;
     --insecure) insecure=1; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "start_superlink.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -38,6 +42,15 @@ home="${FLWR_HOME:-$HOME/.flwr}"
 mkdir -p "$home"
 database="${database:-$home/superlink-state.db}"
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+case "$host" in
+  127.*|localhost|::1) ;;
+  *) cat >&2 <<EOF
+WARNING: start_superlink.sh --host $host: the Control API (register SuperNodes, submit runs that
+WARNING: execute code on this host) is open to everyone who reaches $host:$port. Keep the default
+WARNING: (127.0.0.1) and expose only the Fleet API with start_proxy.sh (see docs/DEPLOY.md).
+EOF
+  ;;
+esac
 
 args=(--host "$host" --port "$port" --database "$database" --disable-runtime-dependency-installation)
 if [[ $insecure -eq 1 ]]; then

@@ -5,8 +5,11 @@ SuperNode authentication (``start_superlink.sh``), registers SuperNode keys
 (``flwr supernode register``), starts SuperNodes (``start_supernode.sh``) and submits runs
 (``submit.sh``) -- the commands of docs/DEPLOY.md, on one machine. With ``Namespaces`` the
 SuperLink and every SuperNode run in their own network namespace on a private subnet, as
-on separate hosts. Every process started here is stopped on exit (its process group, its
-descendants and everything carrying this deployment's tag: SIGTERM, then SIGKILL),
+on separate hosts. With ``proxy=True`` the SuperLink listens on the server's loopback only
+and SuperNodes reach its Fleet API through nginx (``start_proxy.sh``): the operator uses the
+Control API from the server host, as docs/DEPLOY.md recommends. Every process started here
+is stopped on exit (its process group, its descendants and everything carrying this
+deployment's tag: SIGTERM, then SIGKILL),
 including the ``flower-superexec``, ``flwr-serverapp`` and ``flwr-clientapp`` processes
 Flower spawns (``processes.stop``). Used by tests/test_deploy_*.py;
 ``python -m simulations.flower.deploy`` runs a demo federation.
@@ -106,14 +109,20 @@ class Deployment:
     """
 
     def __init__(self, root: str | Path, *, num_keys: int = 2, netns: Namespaces | None = None,
-                 port: int | None = None, insecure: bool = False) -> None:
+                 port: int | None = None, insecure: bool = False, proxy: bool = False) -> None:
+        if proxy and insecure:
+            raise ValueError("Deployment: proxy=True needs TLS (the proxy presents server.crt); drop insecure=True")
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.netns = netns
         self.insecure = insecure
         self.host = netns.server_ip if netns else "127.0.0.1"
-        self.port = port or free_port()
+        self.proxy = proxy
+        self.port = port or free_port()  # where SuperNodes connect: the SuperLink, or the proxy
         self.address = f"{self.host}:{self.port}"
+        # the SuperLink's own port; behind the proxy it listens on the server's loopback only
+        self.link_port = free_port() if proxy else self.port
+        control = f"127.0.0.1:{self.link_port}" if proxy else self.address
         self.certs = self.root / "certs"
         self.tag = uuid.uuid4().hex
         self.procs: list[Proc] = []
@@ -121,8 +130,8 @@ class Deployment:
         self.nodes: dict[int, Proc] = {}
         if not insecure:
             self._script("make_certs.sh", "-o", str(self.certs), "-s", self.host, "-n", str(num_keys))
-        self.operator = ExistingSuperLink(
-            self.address, insecure=insecure, root_certificates=None if insecure else self.certs / "ca.crt",
+        self.operator = ExistingSuperLink(  # the operator's `flwr` CLI on the server host
+            control, insecure=insecure, root_certificates=None if insecure else self.certs / "ca.crt",
             connection="celgc", flwr_home=self.root / "operator",
             command_prefix=netns.prefix(netns.server) if netns else (),
         )
@@ -156,7 +165,10 @@ class Deployment:
         Called again after the SuperLink died, it restarts it on the same port, database and
         working directory (a restarted server host): registrations survive, SuperNodes reconnect.
         """
-        args = ["--host", "0.0.0.0" if self.netns else self.host, "--port", str(self.port),
+        # loopback behind the proxy; on namespaces without it, every interface (an open
+        # Control API: start_superlink.sh warns)
+        host = "127.0.0.1" if self.proxy else "0.0.0.0" if self.netns else self.host
+        args = ["--host", host, "--port", str(self.link_port),
                 "--database", str(self.root / "superlink-state.db")]
         args += ["--insecure"] if self.insecure else ["--certs", str(self.certs)]
         name = "superlink" if self.superlink is None else f"superlink-{len(self.procs)}"
@@ -164,6 +176,16 @@ class Deployment:
                                      home=self.root / "superlink")
         self.superlink.wait_for("Uvicorn running on", timeout)
         return self.superlink
+
+    def start_proxy(self, timeout: float = 30) -> Proc:
+        """start_proxy.sh on the server host: the Fleet API at ``address``, nothing else."""
+        if not self.proxy:
+            raise DeployError("start_proxy() needs Deployment(..., proxy=True)")
+        args = ["--certs", str(self.certs), "--listen", self.address,
+                "--upstream", f"127.0.0.1:{self.link_port}", "--run-dir", str(self.root / "proxy-run")]
+        proc = self._start("proxy", "start_proxy.sh", args, self.netns.server if self.netns else None)
+        proc.wait_for("start worker processes", timeout)
+        return proc
 
     def register(self, i: int, timeout: float = 60) -> int:
         """``flwr supernode register supernode-i.pub``; the node id."""
@@ -256,14 +278,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "authentication, N registered SuperNodes, one run checked for success.")
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--run-config", default="num-rounds=3 local-steps=4", help="overrides, TOML k=v")
+    parser.add_argument("--proxy", action="store_true",
+                        help="SuperLink on loopback, SuperNodes through nginx (start_proxy.sh): Fleet API only")
     parser.add_argument("--keep", help="keep the deployment's files in this folder")
     parser.add_argument("--timeout", type=float, default=900)
     ns = parser.parse_args(argv)
     root = Path(ns.keep) if ns.keep else Path(tempfile.mkdtemp(prefix="celgc-deploy-"))
     overrides = [f"num-clients={ns.nodes}", f"results-dir='{root / 'results'}'", "run-name='demo'", ns.run_config]
     try:
-        with Deployment(root, num_keys=ns.nodes) as d:
+        with Deployment(root, num_keys=ns.nodes, proxy=ns.proxy) as d:
             d.start_superlink()
+            if ns.proxy:
+                d.start_proxy()
             for i in range(ns.nodes):
                 d.register(i)
                 d.start_supernode(i, partition=i, num_partitions=ns.nodes)
