@@ -123,7 +123,7 @@ def test_task_batches_carry_hidden_and_scale_the_step(tiny_ptb):
                                       batch_size=2, device=torch.device("cpu")))
     for b in batches:
         grads = torch.autograd.grad(task.loss(ref, b), params)
-        assert all(not h.requires_grad for pair in b.carry["hidden"] for h in pair)
+        assert all(not h.requires_grad for pair in language.hidden_state(b.carry) for h in pair)
         with torch.no_grad():
             new, _, _ = clipped_sgd_step(params, list(grads), None, step, lr_scale=b.lr_scale)
             torch._foreach_copy_(params, new)
