@@ -45,7 +45,7 @@ from strategies.schedule import global_epoch, scheduled
 from tasks import cached_task, initial_model, partitions
 from tasks.config import RunConfig
 from tasks.device import pick_device
-from tasks.protocol import Task, example_counter
+from tasks.protocol import Task, draw_batches, example_counter, is_stateful, training_loss
 
 from .aggregate import COLUMNS, ClientMetrics, average_round
 from .distributed import World, close_world, init_world, shard
@@ -100,18 +100,22 @@ class Engine:
         self.state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.count = example_counter(self.task)
         self.momentum: dict[str, Tensor] | None = None  # naive: the server's heavy-ball buffer
+        # each client's own state across rounds (client-state = "keep" and a stateful task)
+        keep = cfg.client_state == "keep" and is_stateful(self.task)
+        self.client_state: dict[int, dict[str, Tensor]] | None = {pid: {} for pid in self.clients} if keep else None
         self.notes: list[str] = []
         self.runner = self._choose_runner()
 
     # --- execution path ----------------------------------------------------------------
-    def _iters(self, server_round: int) -> list[Any]:
-        return [self.task.round_batches(self.parts[pid], seed=self.cfg.seed, partition_id=pid,
-                                        server_round=server_round, local_steps=self.cfg.local_steps,
-                                        batch_size=self.cfg.batch_size, device=self.device)
+    def _iters(self, server_round: int, probe: bool = False) -> list[Any]:
+        states = self.client_state if self.client_state is not None and not probe else {}
+        return [draw_batches(self.task, self.parts[pid], states.get(pid), seed=self.cfg.seed, partition_id=pid,
+                             server_round=server_round, local_steps=self.cfg.local_steps,
+                             batch_size=self.cfg.batch_size, device=self.device)
                 for pid in self.clients]
 
     def _sequential(self) -> SequentialClients:
-        return SequentialClients(self.task.build_model, self.task.loss, len(self.clients), self.device,
+        return SequentialClients(self.task.build_model, training_loss(self.task), len(self.clients), self.device,
                                  count=self.count, streams=self.options.streams)
 
     def _choose_runner(self) -> VmapClients | SequentialClients:
@@ -132,7 +136,7 @@ class Engine:
                              channels_last=o.channels_last, cuda_graphs=o.cuda_graphs, randomness=o.randomness)
         runner.load(self.state)
         lr, clip = round_hparams(self.cfg, 1, self.task.train_size)
-        why = runner.probe([next(it) for it in self._iters(1)],
+        why = runner.probe([next(it) for it in self._iters(1, probe=True)],
                            StepConfig(lr=lr, clip=clip, weight_decay=self.cfg.weight_decay,
                                       momentum=self.cfg.momentum))
         if why is None:
@@ -208,6 +212,8 @@ class Engine:
         table[:, COLUMNS.index("num-examples")] = examples
         table[:, COLUMNS.index("num-steps")] = 1.0
         table[:, COLUMNS.index("skipped-steps")] = 0.0
+        if getattr(self.runner, "last_ce", None) is not None:
+            table[:, COLUMNS.index("train-ce")] = self.runner.last_ce.double()
         avg, metrics = average_round(states, like, ClientMetrics(table), aggregation=self.cfg.aggregation,
                                      num_clients=self.cfg.num_clients, world=self.world)
         if "grad-norm" in metrics:
