@@ -28,6 +28,7 @@ from .checkpoint import (
     save_checkpoint,
     strategy_state,
 )
+from .evaluation import Evaluator
 from .faults import WatchedGrid
 from .results import ResultsWriter, save_weights
 
@@ -161,6 +162,7 @@ def main(grid: Grid, context: Context) -> None:
                                                       "model-bytes": state_nbytes(model.state_dict())},
                            resume_from=done if ckpt else None)
     clock = {"start": time.monotonic() - (float(ckpt.meta.get("wall-clock", 0.0)) if ckpt else 0.0), "eval": 0.0}
+    evaluator = Evaluator(cfg, task, model, device)
 
     def evaluate_fn(server_round: int, round_arrays: ArrayRecord) -> MetricRecord | None:
         t0 = time.monotonic()
@@ -189,8 +191,7 @@ def main(grid: Grid, context: Context) -> None:
             row.update(dict(strategy.last_round_metrics or {}))
         metrics = None
         if server_round % cfg.eval_every == 0 or server_round == cfg.num_rounds:
-            model.load_state_dict(round_arrays.to_torch_state_dict())
-            metrics = task.evaluate(model, device)
+            metrics = evaluator(round_arrays.to_torch_state_dict())
             row.update(metrics)
         clock["eval"] += time.monotonic() - t0
         row["wall-clock"] = time.monotonic() - clock["start"] - clock["eval"]

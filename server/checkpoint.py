@@ -32,7 +32,7 @@ FILENAME = "checkpoint.pt"
 # Keys a resumed run may change: they do not enter the arithmetic of a round.
 RESUMABLE_CHANGES = frozenset({
     "num-rounds", "resume", "checkpoint-every", "node-wait", "round-timeout", "min-replies",
-    "eval-every", "device", "results-dir", "run-name", "data-dir", "download",
+    "eval-every", "device", "results-dir", "run-name", "data-dir", "download", "eval-train",
 })
 
 Scalar = bool | int | float | str

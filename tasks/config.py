@@ -192,6 +192,8 @@ def _validate(c: RunConfig) -> None:
     at_least("seed", c.seed, 0)
     at_least("min-replies", c.min_replies, 0)
     at_least("checkpoint-every", c.checkpoint_every, 0)
+    _check(not (c.resume and c.average_iterates), "resume=true with average-iterates=true is not supported: the running "
+           "mean of the iterates is not checkpointed (resume with average-iterates=false, or run without resume)")
     _check(not c.resume or bool(c.run_name), "resume=true needs a fixed run-name (the folder holding the checkpoint)")
     _check(c.min_replies <= c.num_clients, f"min-replies ({c.min_replies}) must be <= num-clients ({c.num_clients})")
     _check(math.isfinite(c.lr) and c.lr > 0, f"lr must be a finite number > 0, got {c.lr}")

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from test_language_task import TINY, write_corpus
 
 import client.local_round as client_round
 import tasks
@@ -20,7 +21,6 @@ from server.results import load_weights, read_results
 from simulations.engine import EngineOptions, run_engine
 from tasks import initial_model, load_task
 from tasks.config import RunConfig
-from test_language_task import TINY, write_corpus
 
 CPU = torch.device("cpu")
 

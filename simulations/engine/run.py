@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from client.update import StepConfig, grad_norm
+from server.evaluation import Evaluator
 from server.results import ResultsWriter, save_weights
 from strategies.averaging import state_nbytes
 from strategies.naive_step import naive_server_step
@@ -105,6 +106,7 @@ class Engine:
         self.client_state: dict[int, dict[str, Tensor]] | None = {pid: {} for pid in self.clients} if keep else None
         self.notes: list[str] = []
         self.runner = self._choose_runner()
+        self.evaluator = Evaluator(cfg, self.task, self.model, self.device)
 
     # --- execution path ----------------------------------------------------------------
     def _iters(self, server_round: int, probe: bool = False) -> list[Any]:
@@ -228,9 +230,8 @@ class Engine:
         metrics.update(stats)
         return metrics
 
-    def evaluate(self) -> dict[str, float]:
-        self.model.load_state_dict(self.state)
-        return self.task.evaluate(self.model, self.device)
+    def evaluate(self) -> dict[str, float | int]:
+        return self.evaluator(self.state)
 
 
 def run_engine(cfg: RunConfig, options: EngineOptions | None = None, *, task: Task | None = None,
