@@ -15,9 +15,9 @@ from loopback_grid import LoopbackGrid, run_server_app
 from server.app import app as server_app
 from server.app import initial_model
 from server.results import load_weights, read_results
-from tasks.config import RunConfig
 from simulations.runner import load_experiment
 from tasks import load_task
+from tasks.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "simulations" / "experiments"

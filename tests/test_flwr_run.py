@@ -13,8 +13,8 @@ from client.app import app as client_app
 from loopback_grid import LoopbackGrid, run_server_app
 from server.app import app as server_app
 from server.results import load_weights, read_results
-from tasks.config import RunConfig
 from simulations.flower import LocalSuperLink, RunFailed, run_app
+from tasks.config import RunConfig
 
 pytestmark = pytest.mark.realproc  # real processes: skip with -m "not realproc"
 

@@ -14,8 +14,8 @@ import tasks.language as language
 from client.update import StepConfig, clipped_sgd_step, local_update
 from loopback_grid import run_in_process
 from server.results import read_results
-from tasks.config import RunConfig
 from tasks import load_task
+from tasks.config import RunConfig
 from tasks.text import text_regions, text_shards
 
 TINY = {"emb_size": 8, "hidden_size": 12, "num_layers": 2}
