@@ -8,7 +8,8 @@ lists and dicts only, never arbitrary pickled objects; the metadata travels as a
 No RNG state is saved because none is needed: a client's minibatches are a pure function
 of (seed, partition id, round), so global arrays + round + strategy state are the whole
 state of a run, and a resumed run ends with the same model, bit for bit, as one that was
-never interrupted. ``ResumedStrategy`` runs a strategy from round k + 1 under Flower's own
+never interrupted -- for tasks whose clients keep no state (with ``client-state = "keep"``
+the language models' clients start a resumed run, a new Flower run, from a zero state). ``ResumedStrategy`` runs a strategy from round k + 1 under Flower's own
 ``Strategy.start`` loop.
 """
 
