@@ -132,3 +132,32 @@ def test_engine_equals_flower_with_state_carried(tiny_ptb, case):
     stateless = run_engine(RunConfig.from_mapping({**vals, "run-name": "e2", "client-state": "reset"}),
                            EngineOptions(path="sequential"), show_progress=False)
     assert not torch.equal(stateless.state["encoder.weight"], f_state["encoder.weight"])
+
+
+def test_contiguous_split_rotates_regions_every_pass(tiny_ptb):
+    """text-split = contiguous: N contiguous regions; client k reads region (k + e) mod N in
+    its pass e, with a zero hidden state at the start of each pass (the authors' split)."""
+    stream = torch.arange(1000)
+    parts = language.rotated_regions(stream, 4)
+    regions = stream.view(4, 250)
+    for k, part in enumerate(parts):
+        assert torch.equal(part.view(4, 250), regions[[(k + e) % 4 for e in range(4)]])
+    cfg = RunConfig.from_mapping(values(tiny_ptb, **{"num-clients": 2, "text-split": "contiguous"}))
+    task = load_task(cfg)
+    assert task.regions == 2
+    part = tasks.partitions(cfg)[1]
+    half = task.corpus.train.numel() // 2
+    assert torch.equal(part, torch.cat([task.corpus.train[half:2 * half], task.corpus.train[:half]]))
+    rows = task._rows(part, 2, CPU)  # [regions, T, b]
+    state: dict = {}
+    seen = []
+    for r in range(1, 40):
+        for b in task.round_batches(part, seed=0, partition_id=1, server_round=r, local_steps=3, batch_size=2,
+                                    device=CPU, state=state):
+            p, i = int(state["pass"]), int(state["position"]) - b.x.shape[0]
+            assert torch.equal(b.x, rows[p % 2, i : i + b.x.shape[0]])
+            seen.append((p, b.reset))
+            task.loss(task.build_model(), b)
+    passes = sorted({p for p, _ in seen})
+    assert passes[:3] == [0, 1, 2]  # region 1, then region 0, then region 1 again
+    assert all(reset == (k > 0 and seen[k - 1][0] != p) for k, (p, reset) in enumerate(seen))
