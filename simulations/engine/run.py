@@ -12,7 +12,10 @@ same seed the per-client path reproduces the Flower path bit for bit, the vmap p
 rounding (a max-pool window whose inputs tie can route its gradient differently: see
 tests/test_engine_parity.py). Each process runs a
 balanced block of clients (``distributed.shard``); a round ends with ONE all-reduce. Process 0
-evaluates, shows progress and writes the results. Nothing here imports flwr.
+evaluates (``server.evaluation``: averaged iterates, eval-train), shows progress and writes the
+results. A stateful task's clients keep their state per client across rounds
+(``client-state = "keep"``), as the ClientApp keeps it in ``Context.state``. Nothing here
+imports flwr.
 
 Execution path (``engine-path``, reported on screen and in the results header): ``vmap``
 (``vectorised.py``) or ``sequential`` (``sequential.py``, one module per client). ``auto``
