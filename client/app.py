@@ -2,7 +2,11 @@
 
 Thin by design: it reads the node's ``partition-id`` / ``num-partitions`` (or its
 ``local-data`` directory: the host's own data, see ``client.local_data``) and the run
-config, and hands the arrays and the round's hyper-parameters to ``train_round``.
+config, and hands the arrays and the round's hyper-parameters to ``train_round``. A stateful task's
+per-client state (the language model's hidden state and place in its text) lives in the
+node's ``Context.state`` (one ArrayRecord per partition id), which Flower keeps for the node
+from round to round in simulation and deployment; a restarted SuperNode starts from an
+empty state (``client-state = "reset"``: no state at all).
 """
 
 from __future__ import annotations
@@ -14,11 +18,32 @@ from strategies.naive import GRADIENT_MODE
 from tasks import cached_task, partitions
 from tasks.config import RunConfig
 from tasks.device import pick_device
+from tasks.protocol import is_stateful, state_to_cpu
 
 from .local_data import local_data
 from .local_round import gradient_round, train_round
 
 app = ClientApp()
+
+
+def state_key(pid: int) -> str:
+    """Where this node keeps partition ``pid``'s client state in ``Context.state``."""
+    return f"client-state.{pid}"
+
+
+def load_client_state(context: Context, cfg: RunConfig, pid: int, task: object) -> dict | None:
+    """The client state kept in this node's ``Context.state`` (empty: none yet, e.g. after a
+    restart of the SuperNode), or None when the round is stateless (``client-state = "reset"``
+    or a task without state)."""
+    if cfg.client_state != "keep" or not is_stateful(task):
+        return None
+    record = context.state.get(state_key(pid))
+    return dict(record.to_torch_state_dict()) if isinstance(record, ArrayRecord) else {}
+
+
+def keep_client_state(context: Context, pid: int, client_state: dict | None) -> None:
+    if client_state is not None:
+        context.state[state_key(pid)] = ArrayRecord(state_to_cpu(client_state))
 
 
 def node_partition(context: Context, cfg: RunConfig) -> int:
@@ -53,14 +78,18 @@ def train(msg: Message, context: Context) -> Message:
     data = (local.task, local.indices) if local else None
     config = msg.content["config"]
     state = msg.content["arrays"].to_torch_state_dict()
+    client_state = load_client_state(context, cfg, pid, local.task if local else cached_task(cfg))
     if config.get("mode") == GRADIENT_MODE:  # naive parallel clipping: the gradient, not a local update
-        grads, buffers, metrics = gradient_round(cfg, pid, int(config["server-round"]), state, dict(config), data)
+        grads, buffers, metrics = gradient_round(cfg, pid, int(config["server-round"]), state, dict(config), data,
+                                                 client_state)
+        keep_client_state(context, pid, client_state)
         if not local or local.partition_id is not None:
             metrics["partition-id"] = pid
         content = RecordDict({"grads": ArrayRecord(grads), "buffers": ArrayRecord(buffers),
                               "metrics": MetricRecord(metrics)})
         return Message(content=content, reply_to=msg)
-    new_state, metrics = train_round(cfg, pid, int(config["server-round"]), state, dict(config), data)
+    new_state, metrics = train_round(cfg, pid, int(config["server-round"]), state, dict(config), data, client_state)
+    keep_client_state(context, pid, client_state)
     if not local or local.partition_id is not None:
         metrics["partition-id"] = pid
     content = RecordDict({"arrays": ArrayRecord(new_state), "metrics": MetricRecord(metrics)})

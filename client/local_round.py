@@ -13,9 +13,9 @@ import torch
 from tasks import cached_task, partitions
 from tasks.config import RunConfig
 from tasks.device import pick_device
-from tasks.protocol import batch_lr_scale, example_counter
+from tasks.protocol import batch_lr_scale, draw_batches, example_counter, state_to, training_loss
 
-from .update import StepConfig, grad_norm, local_update
+from .update import StepConfig, grad_norm, local_update, split_loss
 
 
 def train_round(
@@ -25,13 +25,16 @@ def train_round(
     state: dict[str, torch.Tensor],
     hparams: dict[str, Any],
     data: tuple[Any, np.ndarray] | None = None,
+    client_state: dict[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float | int]]:
     """Run one round of local clipped SGD for client ``partition_id`` from ``state``.
 
     ``hparams`` are the round's values sent by the strategy (``local-steps``, ``lr``,
     ``clip``, ``weight-decay``, ``momentum``, ``batch-size``). ``data`` = (task, indices)
     replaces the simulated partition (a host's own data, ``client.local_data``); then
-    ``partition_id`` only seeds the sampling.
+    ``partition_id`` only seeds the sampling. ``client_state`` (a stateful task's per-client
+    state, ``tasks.protocol``; empty: a fresh client; None: a stateless round) is updated in
+    place, its tensors on the training device.
     """
     if data is None and not (0 <= partition_id < cfg.num_clients):
         raise ValueError(
@@ -43,11 +46,13 @@ def train_round(
     model.load_state_dict(state)
     step = StepConfig(lr=float(hparams["lr"]), clip=float(hparams["clip"]),
                       weight_decay=float(hparams["weight-decay"]), momentum=float(hparams["momentum"]))
-    batches = task.round_batches(
-        idx, seed=cfg.seed, partition_id=partition_id, server_round=server_round,
+    if client_state is not None:
+        client_state.update(state_to(client_state, device))
+    batches = draw_batches(
+        task, idx, client_state, seed=cfg.seed, partition_id=partition_id, server_round=server_round,
         local_steps=int(hparams["local-steps"]), batch_size=int(hparams["batch-size"]), device=device,
     )
-    metrics = local_update(model, batches, task.loss, step, count=example_counter(task))
+    metrics = local_update(model, batches, training_loss(task), step, count=example_counter(task))
     new_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     return new_state, metrics
 
@@ -59,6 +64,7 @@ def gradient_round(
     state: dict[str, torch.Tensor],
     hparams: dict[str, Any],
     data: tuple[Any, np.ndarray] | None = None,
+    client_state: dict[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, float | int]]:
     """A naive parallel-clipping round: the gradient at ``state`` on ONE minibatch.
 
@@ -67,7 +73,8 @@ def gradient_round(
     parameter (zeros where unused), the module's buffers after that training-mode forward
     pass (BatchNorm statistics), and ``train-loss``, ``grad-norm``, ``num-examples``,
     ``num-steps`` (1) and, when the task scales steps, ``lr-scale``. Nothing is applied:
-    the server averages the gradients and takes the clipped step.
+    the server averages the gradients and takes the clipped step. ``client_state``: as in
+    ``train_round`` (the language model's hidden state runs on from round to round).
     """
     if data is None and not (0 <= partition_id < cfg.num_clients):
         raise ValueError(f"partition-id must be in [0, {cfg.num_clients - 1}] "
@@ -77,11 +84,13 @@ def gradient_round(
     model = task.build_model().to(device)
     model.load_state_dict(state)
     model.train()
-    (batch,) = list(task.round_batches(
-        idx, seed=cfg.seed, partition_id=partition_id, server_round=server_round,
+    if client_state is not None:
+        client_state.update(state_to(client_state, device))
+    (batch,) = list(draw_batches(
+        task, idx, client_state, seed=cfg.seed, partition_id=partition_id, server_round=server_round,
         local_steps=1, batch_size=int(hparams["batch-size"]), device=device,
     ))
-    loss = task.loss(model, batch)
+    loss, ce = split_loss(training_loss(task)(model, batch))
     loss.backward()
     named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
     grads = {k: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu() for k, p in named}
@@ -92,4 +101,6 @@ def gradient_round(
                                        "num-examples": int(count(batch)), "skipped-steps": 0}
     if (scale := batch_lr_scale(batch)) is not None:
         metrics["lr-scale"] = float(scale)
+    if ce is not None:
+        metrics["train-ce"] = float(ce.detach().double().cpu())
     return grads, buffers, metrics

@@ -18,6 +18,7 @@ from tasks.config import RunConfig
 from tasks.device import pick_device
 
 from .checkpoint import Checkpoint, restore_strategy, resume_point, save_checkpoint, strategy_state
+from .evaluation import Evaluator
 from .faults import WatchedGrid
 from .results import ResultsWriter, RunClock, check_replies, round_row, save_weights
 from .resumed import ResumedStrategy
@@ -161,6 +162,7 @@ def run(grid: Grid, cfg: RunConfig, folder: Path) -> None:
                                                       "model-bytes": state_nbytes(model.state_dict())},
                            resume_from=done if ckpt else None)
     clock = RunClock(float(ckpt.meta.get("wall-clock", 0.0)) if ckpt else 0.0)
+    evaluator = Evaluator(cfg, task, model, device)
 
     def evaluate_fn(server_round: int, round_arrays: ArrayRecord) -> MetricRecord | None:
         t0 = time.monotonic()
@@ -181,8 +183,7 @@ def run(grid: Grid, cfg: RunConfig, folder: Path) -> None:
                             metrics=metrics)
         metrics = None
         if cfg.evaluates(server_round):
-            model.load_state_dict(round_arrays.to_torch_state_dict())
-            metrics = task.evaluate(model, device)
+            metrics = evaluator(round_arrays.to_torch_state_dict())
             row.update(metrics)
         clock.exclude(time.monotonic() - t0)
         row["wall-clock"] = clock.now()

@@ -8,8 +8,10 @@ lists and dicts only, never arbitrary pickled objects; the metadata travels as a
 No RNG state is saved because none is needed: a client's minibatches are a pure function
 of (seed, partition id, round), so global arrays + round + strategy state are the whole
 state of a run, and a resumed run ends with the same model, bit for bit, as one that was
-never interrupted. No flwr import: the engine uses this module too; ``server.resumed``
-runs a Flower strategy from round k + 1 under Flower's own ``Strategy.start`` loop.
+never interrupted -- for tasks whose clients keep no state (with ``client-state = "keep"``
+the language models' clients start a resumed run, a new Flower run, from a zero state).
+No flwr import: the engine uses this module too; ``server.resumed`` runs a Flower strategy
+from round k + 1 under Flower's own ``Strategy.start`` loop.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ FILENAME = "checkpoint.pt"
 # Keys a resumed run may change: they do not enter the arithmetic of a round.
 RESUMABLE_CHANGES = frozenset({
     "num-rounds", "resume", "checkpoint-every", "node-wait", "round-timeout", "min-replies",
-    "eval-every", "device", "results-dir", "run-name", "data-dir", "download",
+    "eval-every", "device", "results-dir", "run-name", "data-dir", "download", "eval-train",
 })
 
 Scalar = bool | int | float | str

@@ -37,6 +37,7 @@ class LoopbackGrid(Grid):
         TaskIdentity.node_id = 0
         TaskIdentity.task_id = 0
         self._replies: dict[str, Message] = {}
+        self.contexts: dict[int, Context] = {}  # one per node for the whole run, as a SuperNode keeps it
         self.sent: list[Message] = []
 
     def set_run(self, run: Run) -> None:
@@ -57,8 +58,11 @@ class LoopbackGrid(Grid):
         msg.metadata.__dict__["_message_id"] = str(uuid4())
         msg.metadata.__dict__["_run_id"] = self._run.run_id
         node = msg.metadata.dst_node_id
-        context = Context(run_id=self._run.run_id, node_id=node, node_config=dict(self.nodes[node]),
-                          state=RecordDict(), run_config=dict(self.run_config))
+        context = self.contexts.get(node)
+        if context is None:
+            context = self.contexts[node] = Context(run_id=self._run.run_id, node_id=node,
+                                                    node_config=dict(self.nodes[node]), state=RecordDict(),
+                                                    run_config=dict(self.run_config))
         try:
             reply = self.client_app(msg, context)
         except Exception as exc:  # what a SuperNode reports for a failing ClientApp

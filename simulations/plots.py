@@ -7,7 +7,8 @@ Runs are grouped by task and data split (one set of figures per group, e.g.
 config. For every group:
 
 ``<group>-train-loss.png``
-    Training loss against global epochs and against wall-clock seconds (two panels).
+    Training loss against global epochs and against wall-clock seconds (two panels); the
+    cross-entropy alone (``train-ce``, without the AR/TAR terms) when every run reports it.
 ``<group>-<metric>.png``
     Test accuracy (images) or validation perplexity (text) against global epochs and
     against wall-clock seconds.
@@ -107,8 +108,10 @@ def plot_group(group: str, runs: Sequence[Run], out: Path, target: float | None 
         plt.close(fig)
         written.append(path)
 
-    loss = [(r.label, *binned(r, "train-loss")) for r in runs]
-    two_panels("train-loss", "training loss", loss, log_y=True)
+    # the language models' cross-entropy without AR/TAR when reported (what the authors plot)
+    loss_key = "train-ce" if all(r.series("train-ce") for r in runs) else "train-loss"
+    loss = [(r.label, *binned(r, loss_key)) for r in runs]
+    two_panels("train-loss", "training cross-entropy" if loss_key == "train-ce" else "training loss", loss, log_y=True)
 
     metric = []
     for r in runs:

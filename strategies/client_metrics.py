@@ -1,7 +1,8 @@
 """Client metrics of a round, one definition for every backend (pure PyTorch, no flwr).
 
-Each client reports, for its round, the per-step means ``train-loss``, ``clip-fraction`` and
-``grad-norm`` (the mean over its finite steps) and the counts ``num-examples``, ``num-steps``
+Each client reports, for its round, the per-step means ``train-loss``, ``clip-fraction``,
+``grad-norm`` (the mean over its finite steps) and, for tasks whose training loss adds
+regularisers (the language models' AR/TAR), ``train-ce`` (the cross-entropy alone), and the counts ``num-examples``, ``num-steps``
 and ``skipped-steps``. The round's value of a mean is the step-weighted mean over the sound
 clients (a client's non-finite value is left out); a count is the sum. The Flower strategies
 (one MetricRecord per reply) and the fast engine (a float64 table per process, all-reduced)
@@ -23,24 +24,26 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-MEANS = ("train-loss", "clip-fraction", "grad-norm")
+MEANS = ("train-loss", "clip-fraction", "grad-norm", "train-ce")
 COUNTS = ("num-examples", "num-steps", "skipped-steps")
 COLUMNS = MEANS + COUNTS
 SUMS_WIDTH = 2 * len(MEANS) + len(COUNTS)
 
 
 def client_table(loss_sum: Tensor, grad_norm_sum: Tensor, clipped: Tensor, skipped: Tensor, steps: Tensor,
-                 examples: Tensor) -> Tensor:
+                 examples: Tensor, ce_sum: Tensor | None = None) -> Tensor:
     """Per-client metrics [n, COLUMNS] (float64) from [n] sums over each client's local steps.
 
     ``grad_norm_sum`` sums the finite steps' norms only; a client whose steps were all
-    skipped has grad-norm NaN (left out of the round's mean)."""
+    skipped has grad-norm NaN (left out of the round's mean). ``ce_sum`` (None: the task
+    reports no separate cross-entropy) gives ``train-ce``, else NaN (left out)."""
     loss, gsum, clipped, skipped = (t.double() for t in (loss_sum, grad_norm_sum, clipped, skipped))
     steps, examples = steps.double(), examples.double()
     per_step = steps.clamp(min=1.0)
     finite_steps = steps - skipped
     grad = torch.where(finite_steps > 0, gsum / finite_steps.clamp(min=1.0), torch.full_like(gsum, math.nan))
-    return torch.stack([loss / per_step, clipped / per_step, grad, examples, steps, skipped], -1)
+    ce = torch.full_like(loss, math.nan) if ce_sum is None else ce_sum.double() / per_step
+    return torch.stack([loss / per_step, clipped / per_step, grad, ce, examples, steps, skipped], -1)
 
 
 def _number(value: object) -> float:

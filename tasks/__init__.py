@@ -51,7 +51,8 @@ def _builtin(cfg: RunConfig) -> object:
     if cfg.task in ("ptb", "wikitext2"):
         from .language import language_task
 
-        return language_task(cfg.task, cfg.data_dir)
+        regions = cfg.num_clients if cfg.text_split == "contiguous" else 1
+        return language_task(cfg.task, cfg.data_dir, regions)
     raise ValueError(f"unknown task {cfg.task!r}")
 
 

@@ -84,6 +84,10 @@ class ClassificationTask:
         """Mean loss and accuracy of ``model`` on the test set."""
         return self._evaluate(model, device, self.test_x, self.test_y, "test")
 
+    def evaluate_train(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        """Mean loss and accuracy on the whole training set (``eval-train``; no augmentation)."""
+        return self._evaluate(model, device, self.train_x, self.train_y, "train-eval")
+
     def evaluate_indices(self, model: nn.Module, device: torch.device, idx: np.ndarray) -> dict[str, float]:
         """Mean loss and accuracy on the training examples ``idx`` (a client's own data)."""
         t = torch.from_numpy(np.asarray(idx))

@@ -26,6 +26,8 @@ TASK_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\
 ALGORITHMS = ("celgc", "local-sgd", "naive")
 PARTITIONERS = ("homogeneous", "similarity", "dirichlet")
 DEVICES = ("auto", "cpu", "cuda")
+CLIENT_STATES = ("keep", "reset")
+TEXT_SPLITS = ("blocks", "contiguous")
 
 
 def _key(name: str, doc: str, **kw: Any) -> Any:
@@ -65,6 +67,11 @@ class RunConfig:
     min_replies: int = _key("min-replies", "sound replies a round needs, else the run fails; 0: all num-clients", default=0)
     checkpoint_every: int = _key("checkpoint-every", "write <results-dir>/<run-name>/checkpoint.pt every k rounds (and after the last); 0: never", default=1)
     resume: bool = _key("resume", "continue run-name from its checkpoint (needs a fixed run-name); no checkpoint: start at round 0", default=False)
+    client_state: str = _key("client-state", "keep: a client carries its state (LM hidden state, place in its text) across rounds; reset: zero each round", default="keep")
+    text_split: str = _key("text-split", "homogeneous text: blocks (2,048-token blocks round-robin) or contiguous (one region per client, rotated each pass)", default="blocks")
+    average_iterates: bool = _key("average-iterates", "evaluate the running mean of the global models once valid-loss stops improving (nonmono evaluations)", default=False)
+    nonmono: int = _key("nonmono", "evaluations without a new best valid-loss before average-iterates starts", default=5)
+    eval_train: bool = _key("eval-train", "also evaluate the global model on the whole training set at each evaluation (train-eval-*)", default=False)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -193,6 +200,9 @@ def _validate(c: RunConfig) -> None:
     one_of("partitioner", c.partitioner, PARTITIONERS)
     one_of("aggregation", c.aggregation, AGGREGATIONS)
     one_of("device", c.device, DEVICES)
+    one_of("client-state", c.client_state, CLIENT_STATES)
+    one_of("text-split", c.text_split, TEXT_SPLITS)
+    at_least("nonmono", c.nonmono, 1)
     at_least("num-clients", c.num_clients, 1)
     at_least("num-rounds", c.num_rounds, 1)
     at_least("local-steps", c.local_steps, 1)
@@ -201,6 +211,8 @@ def _validate(c: RunConfig) -> None:
     at_least("seed", c.seed, 0)
     at_least("min-replies", c.min_replies, 0)
     at_least("checkpoint-every", c.checkpoint_every, 0)
+    _check(not (c.resume and c.average_iterates), "resume=true with average-iterates=true is not supported: the running "
+           "mean of the iterates is not checkpointed (resume with average-iterates=false, or run without resume)")
     _check(not c.resume or bool(c.run_name), "resume=true needs a fixed run-name (the folder holding the checkpoint)")
     _check(c.min_replies <= c.num_clients, f"min-replies ({c.min_replies}) must be <= num-clients ({c.num_clients})")
     _check(math.isfinite(c.lr) and c.lr > 0, f"lr must be a finite number > 0, got {c.lr}")
@@ -214,6 +226,10 @@ def _validate(c: RunConfig) -> None:
     _check(math.isfinite(c.dirichlet_alpha) and c.dirichlet_alpha > 0, f"dirichlet-alpha must be > 0, got {c.dirichlet_alpha}")
     _check(c.node_wait > 0, f"node-wait must be > 0 seconds, got {c.node_wait}")
     _check(c.round_timeout > 0, f"round-timeout must be > 0 seconds, got {c.round_timeout}")
+    if c.text_split == "contiguous":
+        _check(c.task in ("ptb", "wikitext2"), f"text-split = \"contiguous\" splits a text corpus (ptb, wikitext2), not task {c.task!r}")
+        _check(c.partitioner == "homogeneous", "text-split = \"contiguous\" is a homogeneous split: it needs partitioner "
+               f"\"homogeneous\", got {c.partitioner!r} (similarity 0 already gives each client one region)")
     if c.algorithm == "naive":
         _check(c.local_steps == 1, f"local-steps must be 1 for algorithm 'naive' (one step a round), got {c.local_steps}")
     if c.algorithm == "local-sgd":

@@ -5,29 +5,34 @@ The task object the ClientApp, the ServerApp and the engine use (``load_task`` f
 ``tasks.text`` and ``tasks.awd_lstm``; this module decides what a client does in a round.
 
 Partitions (one token stream per client, from (seed, num-clients, partitioner) alone):
-``homogeneous`` deals blocks of ``BLOCK_LEN`` tokens round-robin (``text_shards``);
-``similarity`` with s = 0 gives each client one contiguous region of the corpus
-(``text_regions``, the heterogeneous split), s = 100 is homogeneous, and in between a
-seeded s% of the blocks is dealt round-robin and the rest cut into N regions.
+``homogeneous`` deals blocks of ``BLOCK_LEN`` tokens round-robin (``text_shards``,
+``text-split = "blocks"``) or, with ``text-split = "contiguous"`` (the authors' split), cuts
+the corpus into N contiguous regions and has client k read region (k + e) mod N in its
+pass e (``rotated_regions``); ``similarity`` with s = 0 gives each client one contiguous
+region for the whole run (``text_regions``, the heterogeneous split), s = 100 is
+homogeneous, and in between a seeded s% of the blocks is dealt round-robin and the rest cut
+into N regions.
 
-A client's round (clients keep no state between rounds, so everything is a pure function
-of (seed, partition id, round) and the round's shape):
+A client's round. Its (current region of the) stream is laid out as ``batch-size``
+contiguous rows (``batchify``), T positions each, and I windows follow back to back with
+the AWD-LSTM length jitter (bptt w.p. 0.95 else bptt/2, then N(base, 5), at least 5); all
+clients draw the same lengths in a step, like data-parallel workers sharing one seed (so
+naive parallel clipping over N clients equals one machine at batch N b). Each step's lr and
+clip are scaled by ``seq_len / bptt`` (``lr_scale``); the hidden state is carried from
+window to window, detached (truncated BPTT), and starts at zero whenever the walk wraps
+around the end of the rows (a new pass: the next region). The loss is the mean cross-entropy
+plus AR (alpha = 2) and TAR (beta = 1): ``train-loss`` includes them, ``train-ce`` is the
+cross-entropy alone (what the authors report).
 
-* the client's stream is laid out as ``batch-size`` contiguous rows (``batchify``), T
-  positions each; round r starts at position ``(r - 1) * I * bptt mod (T - 1)``, so rounds
-  walk through the rows at the nominal pace of ``bptt`` tokens a step and one pass over a
-  client's rows takes ``T / (I bptt)`` rounds;
-* inside the round, I windows follow back to back with the AWD-LSTM length jitter (bptt
-  w.p. 0.95 else bptt/2, then N(base, 5), at least 5); the draws depend on (seed, round,
-  step) only, so all clients use the same lengths in a step, like data-parallel workers
-  sharing one seed (and naive parallel clipping over N clients equals one machine at
-  batch N b). Each step's lr and clip are scaled by ``seq_len / bptt`` (``lr_scale``);
-* the hidden state starts at zero at the start of every round (clients are stateless)
-  and whenever the walk wraps around the end of the rows, and is carried from window to
-  window within the round, detached (truncated BPTT);
-* dropout masks come from a generator seeded by (seed, partition id, round, step);
-* the loss is the mean cross-entropy plus AR (alpha = 2) and TAR (beta = 1); the reported
-  ``train-loss`` therefore includes the two regularisers.
+* ``client-state = "keep"`` (the authors' protocol: a worker's hidden state runs through the
+  epoch, across averagings): the client keeps its place (``position``, ``pass``) and its
+  hidden state from round to round (``state=``, see ``tasks.protocol``); lengths and
+  dropout masks are drawn per global step (r - 1) I + s, so R rounds of I steps are exactly
+  one round of R I steps when averaging is the identity (N = 1). A client that lost its
+  state (restarted) starts at the beginning of its rows with a zero hidden state.
+* ``client-state = "reset"`` (stateless clients): round r starts at the nominal position
+  ``(r - 1) I bptt mod (T - 1)`` with a zero hidden state; lengths depend on (seed, round,
+  step), dropout masks on (seed, partition id, round, step).
 
 One training "example" is one sequence of ``bptt`` tokens: ``train_size = tokens // bptt``,
 so the global epoch r N I b / train_size counts passes over the training tokens as in the
@@ -83,7 +88,7 @@ class LMBatch(NamedTuple):
     lr_scale: float  # seq_len / bptt: multiplies this step's lr and clip
     reset: bool  # start from a zero hidden state
     dropout_seed: int
-    carry: dict  # shared by the round's windows: the detached hidden state
+    carry: dict  # shared by the round's windows (the client's state when it keeps one): hidden.<k>.h/c
 
 
 def split_stream(stream: Tensor, num_clients: int, partitioner: str, similarity: float = 0.0, seed: int = 0,
@@ -109,29 +114,72 @@ def split_stream(stream: Tensor, num_clients: int, partitioner: str, similarity:
     return [torch.cat([a, b]) for a, b in zip(shared, own, strict=True)]
 
 
+def rotated_regions(stream: Tensor, num_clients: int) -> list[Tensor]:
+    """The authors' homogeneous split: N contiguous regions, client k reading region
+    (k + e) mod N in its pass e. Client k's part is the N regions in that order, concatenated
+    (the task walks one region a pass: ``LanguageModelTask.regions``)."""
+    regions = text_regions(stream, num_clients)
+    return [torch.cat([regions[(k + e) % num_clients] for e in range(num_clients)]) for k in range(num_clients)]
+
+
 def _seed(*entropy: int) -> int:
     return int(np.random.SeedSequence(list(entropy)).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
+def _round_lengths(seed: int, server_round: int, local_steps: int, bptt: int,
+                   by_step: bool) -> list[tuple[int, float]]:
+    """(seq_len, lr_scale) of a round's steps. ``by_step``: one draw per global step (r - 1) I + s,
+    so R rounds of I steps draw what one round of R I steps draws (clients that keep state);
+    else one generator per round (stateless rounds)."""
+    if not by_step:
+        gen = torch.Generator().manual_seed(_seed(seed, server_round, 0x62707474))  # "bptt"
+        return [sample_seq_len(gen, bptt) for _ in range(local_steps)]
+    first = (server_round - 1) * local_steps
+    return [sample_seq_len(torch.Generator().manual_seed(_seed(seed, first + s, 0x62707474, 1)), bptt)
+            for s in range(local_steps)]
+
+
+def walk(positions: int, start: int, first_pass: int, lengths: list[tuple[int, float]],
+         reset_first: bool) -> list[tuple[int, int, int, float, bool]]:
+    """``(pass, start, seq_len, lr_scale, reset)`` of windows laid back to back from ``start``;
+    at the end of the rows the walk wraps to 0 with a fresh hidden state and the next pass."""
+    out, i, p, reset = [], start, first_pass, reset_first
+    for seq_len, scale in lengths:
+        if i >= positions:
+            i, p, reset = 0, p + 1, True
+        n = min(seq_len, positions - i)
+        out.append((p, i, n, scale, reset))
+        i, reset = i + n, False
+    return out
+
+
 def round_windows(total_len: int, *, seed: int, server_round: int, local_steps: int,
                   bptt: int = BPTT) -> list[tuple[int, int, float, bool]]:
-    """``(start, seq_len, lr_scale, reset)`` of a round's windows over rows of ``total_len``."""
+    """``(start, seq_len, lr_scale, reset)`` of a stateless round's windows over rows of ``total_len``."""
     if total_len < 2:
         raise ValueError(f"a client's rows need at least 2 positions, got {total_len}")
     if server_round < 1 or local_steps < 1:
         raise ValueError(f"server-round and local-steps must be >= 1, got {server_round}, {local_steps}")
     positions = total_len - 1  # inputs that have a next-token target
-    gen = torch.Generator().manual_seed(_seed(seed, server_round, 0x62707474))  # "bptt"
     i = ((server_round - 1) * local_steps * bptt) % positions
-    out, reset = [], True
-    for _ in range(local_steps):
-        seq_len, scale = sample_seq_len(gen, bptt)
-        if i >= positions:
-            i, reset = 0, True
-        n = min(seq_len, positions - i)
-        out.append((i, n, scale, reset))
-        i, reset = i + n, False
-    return out
+    lengths = _round_lengths(seed, server_round, local_steps, bptt, by_step=False)
+    return [(i, n, scale, reset) for _, i, n, scale, reset in walk(positions, i, 0, lengths, True)]
+
+
+def hidden_state(state: dict[str, Tensor]) -> list[tuple[Tensor, Tensor]] | None:
+    """The hidden state kept in a client state (None: start from zero)."""
+    if "hidden.0.h" not in state:
+        return None
+    layers = sum(1 for k in state if k.startswith("hidden.") and k.endswith(".h"))
+    return [(state[f"hidden.{k}.h"], state[f"hidden.{k}.c"]) for k in range(layers)]
+
+
+def keep_hidden(state: dict[str, Tensor], hidden: list[tuple[Tensor, Tensor]] | None) -> None:
+    """Store ``hidden`` (detached) in ``state``; None clears it."""
+    for k in [k for k in state if k.startswith("hidden.")]:
+        del state[k]
+    for k, (h, c) in enumerate(detach_hidden(hidden) if hidden is not None else []):
+        state[f"hidden.{k}.h"], state[f"hidden.{k}.c"] = h, c
 
 
 @dataclass
@@ -145,6 +193,8 @@ class LanguageModelTask:
     alpha: float = AR_ALPHA
     beta: float = TAR_BETA
     eval_batch_size: int = EVAL_BATCH_SIZE
+    regions: int = 1  # > 1: text-split contiguous, a client's part is its regions in rotation order
+    stateful = True  # clients may carry (hidden state, position, pass) across rounds
     _device_cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -160,36 +210,69 @@ class LanguageModelTask:
         return AWDLSTM(self.vocab_size, **self.model_kwargs)
 
     def client_partitions(self, cfg: RunConfig) -> list[Tensor]:
+        if self.regions > 1:
+            if self.regions != cfg.num_clients:
+                raise ValueError(f"the task was built for {self.regions} regions, the run has num-clients={cfg.num_clients}")
+            return rotated_regions(self.corpus.train, cfg.num_clients)
         return split_stream(self.corpus.train, cfg.num_clients, cfg.partitioner, cfg.similarity, cfg.seed)
 
     # --- training -------------------------------------------------------------------
-    def round_batches(
-        self, partition: Tensor, *, seed: int, partition_id: int, server_round: int,
-        local_steps: int, batch_size: int, device: torch.device,
-    ) -> Iterator[LMBatch]:
-        """The round's windows of client ``partition_id`` (its token stream), on ``device``."""
+    def _rows(self, partition: Tensor, batch_size: int, device: torch.device) -> Tensor:
+        """[regions, T, b]: each region of the client's stream in ``batch_size`` rows."""
         key = ("train", partition.data_ptr(), partition.numel(), batch_size, str(device))
         if key not in self._device_cache:  # the client's rows move to the device once, not every round
-            self._device_cache[key] = batchify(partition, batch_size).to(device)
-        rows = self._device_cache[key]
-        windows = round_windows(rows.shape[0], seed=seed, server_round=server_round,
-                                local_steps=local_steps, bptt=self.bptt)
-        carry: dict = {"hidden": None}
-        for step, (i, n, scale, reset) in enumerate(windows):
-            chunk = rows[i : i + n + 1]
-            yield LMBatch(chunk[:-1], chunk[1:], scale, reset,
-                          _seed(seed, partition_id, server_round, step, 0x64726F70), carry)  # "drop"
+            regions = partition[: partition.numel() // self.regions * self.regions].view(self.regions, -1)
+            self._device_cache[key] = torch.stack([batchify(r, batch_size) for r in regions]).to(device)
+        return self._device_cache[key]
 
-    def loss(self, model: nn.Module, batch: LMBatch) -> Tensor:
-        """Cross-entropy + AR + TAR of one window; carries the detached hidden state."""
-        hidden = None if batch.reset else batch.carry["hidden"]
+    def round_batches(
+        self, partition: Tensor, *, seed: int, partition_id: int, server_round: int,
+        local_steps: int, batch_size: int, device: torch.device, state: dict[str, Tensor] | None = None,
+    ) -> Iterator[LMBatch]:
+        """The round's windows of client ``partition_id`` (its token stream), on ``device``.
+
+        ``state`` (a client that keeps state; empty: a fresh one) holds ``position`` and
+        ``pass`` in its rows and the hidden state, and is updated window by window; None: the
+        stateless round (nominal position, zero hidden state at the round's start)."""
+        rows = self._rows(partition, batch_size, device)
+        positions = rows.shape[1] - 1
+        if positions < 1:
+            raise ValueError(f"a client's rows need at least 2 positions, got {rows.shape[1]}")
+        if server_round < 1 or local_steps < 1:
+            raise ValueError(f"server-round and local-steps must be >= 1, got {server_round}, {local_steps}")
+        lengths = _round_lengths(seed, server_round, local_steps, self.bptt, by_step=state is not None)
+        if state is None:
+            nominal = (server_round - 1) * local_steps * self.bptt
+            windows = walk(positions, nominal % positions, nominal // positions, lengths, True)
+            carry: dict = {}
+        else:
+            windows = walk(positions, int(state.get("position", 0)), int(state.get("pass", 0)), lengths, False)
+            carry = state
+        first = (server_round - 1) * local_steps
+        for step, (p, i, n, scale, reset) in enumerate(windows):
+            chunk = rows[p % self.regions, i : i + n + 1]
+            if state is not None:
+                state["position"] = torch.tensor(i + n, dtype=torch.int64)
+                state["pass"] = torch.tensor(p, dtype=torch.int64)
+                drop = _seed(seed, partition_id, first + step, 0x64726F70, 1)  # by global step
+            else:
+                drop = _seed(seed, partition_id, server_round, step, 0x64726F70)  # "drop"
+            yield LMBatch(chunk[:-1], chunk[1:], scale, reset, drop, carry)
+
+    def loss_terms(self, model: nn.Module, batch: LMBatch) -> tuple[Tensor, Tensor]:
+        """(cross-entropy + AR + TAR, cross-entropy) of one window; keeps the detached hidden state."""
+        hidden = None if batch.reset else hidden_state(batch.carry)
         dev = batch.x.device
         with torch.random.fork_rng(devices=[dev] if dev.type != "cpu" else [], device_type=dev.type):
             torch.manual_seed(batch.dropout_seed)
             output, new_hidden, raw, dropped = model(batch.x, hidden)
-        batch.carry["hidden"] = detach_hidden(new_hidden)
+        keep_hidden(batch.carry, new_hidden)
         ce = F.cross_entropy(output.reshape(-1, output.shape[-1]), batch.y.reshape(-1))
-        return ce + ar_tar_loss(raw, dropped, self.alpha, self.beta)
+        return ce + ar_tar_loss(raw, dropped, self.alpha, self.beta), ce
+
+    def loss(self, model: nn.Module, batch: LMBatch) -> Tensor:
+        """Cross-entropy + AR + TAR of one window (the training loss)."""
+        return self.loss_terms(model, batch)[0]
 
     @staticmethod
     def count_examples(batch: LMBatch) -> int:
@@ -205,6 +288,10 @@ class LanguageModelTask:
     def evaluate_indices(self, model: nn.Module, device: torch.device, stream: Tensor) -> dict[str, float]:
         """Loss and perplexity on a client's own training stream."""
         return self._evaluate(model, device, stream, "eval")
+
+    def evaluate_train(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        """Loss (cross-entropy) and perplexity of the whole training stream (``eval-train``)."""
+        return self._evaluate(model, device, self.corpus.train, "train-eval")
 
     @torch.no_grad()
     def _evaluate(self, model: nn.Module, device: torch.device, stream: Tensor, prefix: str) -> dict[str, float]:
@@ -235,11 +322,12 @@ def _corpus(name: str, data_dir: str) -> Corpus:
     return load_corpus(data_dir, name)
 
 
-def language_task(name: str, data_dir: str | Path) -> LanguageModelTask:
+def language_task(name: str, data_dir: str | Path, regions: int = 1) -> LanguageModelTask:
     """The PTB or WikiText-2 task from ``data_dir``; a missing corpus is a FileNotFoundError
-    that names the expected files (corpora are never downloaded)."""
+    that names the expected files (corpora are never downloaded). ``regions`` > 1: the
+    authors' homogeneous split (``rotated_regions``) over that many clients."""
     if name not in MODEL_SIZES:
         raise ValueError(f"unknown language task {name!r}; known: {', '.join(MODEL_SIZES)}")
     corpus = _corpus(name, str(Path(data_dir).expanduser().resolve()))
     return LanguageModelTask(name=name, corpus=corpus, model_kwargs={**MODEL_SIZES[name], **DROPOUTS[name]},
-                             bptt=BPTT, eval_batch_size=EVAL_BATCH_SIZE)
+                             bptt=BPTT, eval_batch_size=EVAL_BATCH_SIZE, regions=regions)

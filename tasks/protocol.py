@@ -43,10 +43,19 @@ Optional
 * ``count_examples(batch)`` -- examples in a batch (default: ``len(batch[0])``);
 * a batch may carry ``lr_scale`` -- multiplies that step's lr and clip (e.g. AWD-LSTM's
   seq_len / bptt);
-* per-client state within a round (e.g. an LSTM hidden state carried from window to
-  window) lives in the batches: ``round_batches`` may hand out batches that share one
-  mutable object that ``loss`` reads and updates (``tasks.language``). Clients keep no
-  state between rounds, so a round is a pure function of (seed, partition id, round);
+* ``loss_terms(model, batch) -> (loss, cross-entropy)`` when the training loss adds
+  regularisers (reported apart as ``train-ce``);
+* ``evaluate_train(model, device)`` -- metrics of the whole training set (``eval-train``,
+  keys ``train-eval-*``);
+* per-client state (``stateful = True``): a task whose clients carry something from round
+  to round (the language model's hidden state and place in its text) takes ``state=`` in
+  ``round_batches``: a ``dict[str, Tensor]`` that it reads when the round starts and
+  updates while the batches are drawn and the losses computed (an empty dict: a fresh
+  client). After the round the dict holds what to keep; ``state=None``
+  (``client-state = "reset"``) gives the stateless round. Tensors may live on the device;
+  ``state_to_cpu`` / ``state_to`` move them. Backends keep the dict per client (the
+  ClientApp in Flower's ``Context.state``, the engine per client). Within a round, state
+  may also live in the batches (one mutable object shared by a round's batches);
 * a model class with ``engine_vmap = False`` makes the engine's ``auto`` path run its
   clients one after another instead of stacked with ``torch.func.vmap``.
 
@@ -101,6 +110,33 @@ def check_task(task: object, source: str = "the task") -> Task:
         raise TypeError(f"{source} ({type(task).__name__}) is not a task: {', '.join(not_callable)} must be "
                         "callable (see tasks/protocol.py)")
     return task  # type: ignore[return-value]
+
+
+def is_stateful(task: object) -> bool:
+    """Whether the task's clients carry state across rounds (``stateful = True``)."""
+    return bool(getattr(task, "stateful", False))
+
+
+def draw_batches(task: Task, partition: Any, state: dict[str, Tensor] | None, **kw: Any) -> Iterable[Any]:
+    """``task.round_batches(partition, **kw)``, with ``state=`` when the task is stateful and
+    ``state`` is not None (see the module docstring)."""
+    if state is not None and is_stateful(task):
+        return task.round_batches(partition, state=state, **kw)  # type: ignore[call-arg]
+    return task.round_batches(partition, **kw)
+
+
+def training_loss(task: object) -> Callable[[nn.Module, Any], Any]:
+    """``task.loss_terms`` (loss, cross-entropy) when the task has it, else ``task.loss``."""
+    return getattr(task, "loss_terms", None) or task.loss  # type: ignore[attr-defined]
+
+
+def state_to(state: dict[str, Tensor], device: torch.device | str) -> dict[str, Tensor]:
+    """A client state with its floating-point tensors on ``device`` (counters stay on the CPU)."""
+    return {k: v.to(device) if v.is_floating_point() else v.cpu() for k, v in state.items()}
+
+
+def state_to_cpu(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k: v.detach().cpu() for k, v in state.items()}
 
 
 def default_count(batch: Any) -> int:

@@ -68,6 +68,14 @@ def test_every_key_is_documented():
     ({"seed": -1}, r"seed must be an integer >= 0, got -1"),
     ({"eval-every": 0}, r"eval-every must be an integer >= 1, got 0"),
     ({"lerning-rate": 0.1}, r"unknown config key\(s\) \['lerning-rate'\]"),
+    ({"client-state": "forget"}, r"client-state must be one of keep, reset, got 'forget'"),
+    ({"text-split": "random"}, r"text-split must be one of blocks, contiguous, got 'random'"),
+    ({"text-split": "contiguous"}, r"text-split = \"contiguous\" splits a text corpus \(ptb, wikitext2\), not task 'digits'"),
+    ({"task": "ptb", "text-split": "contiguous", "partitioner": "similarity"},
+     r"text-split = \"contiguous\" is a homogeneous split: it needs partitioner \"homogeneous\", got 'similarity'"),
+    ({"nonmono": 0}, r"nonmono must be an integer >= 1, got 0"),
+    ({"average-iterates": "yes"}, r"average-iterates must be true or false, got 'yes'"),
+    ({"resume": True, "run-name": "x", "average-iterates": True}, r"resume=true with average-iterates=true is not supported"),
 ])
 def test_bad_values_name_key_value_and_range(values, match):
     with pytest.raises(ValueError, match=match):

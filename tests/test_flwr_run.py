@@ -13,8 +13,8 @@ from client.app import app as client_app
 from loopback_grid import LoopbackGrid, run_server_app
 from server.app import app as server_app
 from server.results import load_weights, read_results
-from tasks.config import RunConfig
 from simulations.flower import LocalSuperLink, RunFailed, run_app
+from tasks.config import RunConfig
 
 pytestmark = pytest.mark.realproc  # real processes: skip with -m "not realproc"
 
@@ -51,3 +51,27 @@ def test_federation_of_the_wrong_size_is_a_failed_run_with_the_fix(superlink, tm
     assert info.value.status == "finished:failed"
     text = f"{info.value}\n{info.value.logs_tail}\n{info.value.details}"
     assert "num-supernodes=3" in text
+
+
+def test_flwr_run_carries_client_state_across_rounds(superlink, tmp_path):
+    """The language model's hidden state and place travel in Flower's Context.state under the
+    real simulation runtime: `flwr run` equals the in-process app with state kept, and differs
+    from stateless clients (the full-size AWD-LSTM on a tiny corpus)."""
+    from test_language_task import write_corpus
+
+    write_corpus(tmp_path / "data", words=1500)
+    lm = {"task": "ptb", "data-dir": str(tmp_path / "data"), "num-clients": 2, "num-rounds": 3, "local-steps": 2,
+          "batch-size": 2, "lr": 5.0, "clip": 0.5, "device": "cpu", "eval-every": 3, "results-dir": str(tmp_path)}
+    run = run_app(ROOT, {**lm, "run-name": "flwr-lm"}, {"num-supernodes": 2}, timeout=400, superlink=superlink)
+    assert run["status"] == "finished:completed"
+    flower = load_weights(tmp_path / "flwr-lm" / "model.pt")
+    _, rows = read_results(tmp_path / "flwr-lm" / "results.jsonl")
+    assert all(r["train-ce"] < r["train-loss"] for r in rows[1:])
+    loops = {}
+    for mode in ("keep", "reset"):
+        values = {**RunConfig().to_mapping(), **lm, "client-state": mode, "run-name": f"loop-{mode}"}
+        run_server_app(server_app, LoopbackGrid(client_app, values, 2))
+        loops[mode] = load_weights(tmp_path / f"loop-{mode}" / "model.pt")
+    for key in flower:
+        torch.testing.assert_close(flower[key], loops["keep"][key], rtol=0, atol=1e-6)
+    assert not torch.allclose(flower["encoder.weight"], loops["reset"]["encoder.weight"], rtol=0, atol=1e-6)

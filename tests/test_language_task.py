@@ -14,8 +14,8 @@ import tasks.language as language
 from client.update import StepConfig, clipped_sgd_step, local_update
 from loopback_grid import run_in_process
 from server.results import read_results
-from tasks.config import RunConfig
 from tasks import load_task
+from tasks.config import RunConfig
 from tasks.text import text_regions, text_shards
 
 TINY = {"emb_size": 8, "hidden_size": 12, "num_layers": 2}
@@ -123,7 +123,7 @@ def test_task_batches_carry_hidden_and_scale_the_step(tiny_ptb):
                                       batch_size=2, device=torch.device("cpu")))
     for b in batches:
         grads = torch.autograd.grad(task.loss(ref, b), params)
-        assert all(not h.requires_grad for pair in b.carry["hidden"] for h in pair)
+        assert all(not h.requires_grad for pair in language.hidden_state(b.carry) for h in pair)
         with torch.no_grad():
             new, _, _ = clipped_sgd_step(params, list(grads), None, step, lr_scale=b.lr_scale)
             torch._foreach_copy_(params, new)

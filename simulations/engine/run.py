@@ -12,7 +12,10 @@ same seed the per-client path reproduces the Flower path bit for bit, the vmap p
 rounding (a max-pool window whose inputs tie can route its gradient differently: see
 tests/test_engine_parity.py). Each process runs a
 balanced block of clients (``distributed.shard``); a round ends with ONE all-reduce. Process 0
-evaluates, shows progress and writes the results. Nothing here imports flwr.
+evaluates (``server.evaluation``: averaged iterates, eval-train), shows progress and writes the
+results. A stateful task's clients keep their state per client across rounds
+(``client-state = "keep"``), as the ClientApp keeps it in ``Context.state``. Nothing here
+imports flwr.
 
 Execution path (``engine-path``, reported on screen and in the results header): ``vmap``
 (``vectorised.py``) or ``sequential`` (``sequential.py``, one module per client). ``auto``
@@ -45,13 +48,14 @@ from client.update import StepConfig, grad_norm
 from server.checkpoint import Checkpoint, CheckpointError, resume_point, save_checkpoint
 from server.results import ResultsWriter, RunClock, check_replies, round_row, save_weights
 from server.run_folder import claim_run_folder
+from server.evaluation import Evaluator
 from strategies.averaging import state_nbytes
 from strategies.naive_step import naive_server_step
 from strategies.schedule import global_epoch, scheduled
 from tasks import cached_task, initial_model, partitions
 from tasks.config import RunConfig, parse_overrides
 from tasks.device import pick_device
-from tasks.protocol import Task, example_counter
+from tasks.protocol import Task, draw_batches, example_counter, is_stateful, training_loss
 
 from .aggregate import COLUMNS, ClientMetrics, average_round
 from .distributed import World, close_world, init_world, shard
@@ -106,18 +110,23 @@ class Engine:
         self.state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.count = example_counter(self.task)
         self.momentum: dict[str, Tensor] | None = None  # naive: the server's heavy-ball buffer
+        # each client's own state across rounds (client-state = "keep" and a stateful task)
+        keep = cfg.client_state == "keep" and is_stateful(self.task)
+        self.client_state: dict[int, dict[str, Tensor]] | None = {pid: {} for pid in self.clients} if keep else None
         self.notes: list[str] = []
         self.runner = self._choose_runner()
+        self.evaluator = Evaluator(cfg, self.task, self.model, self.device)
 
     # --- execution path ----------------------------------------------------------------
-    def _iters(self, server_round: int) -> list[Any]:
-        return [self.task.round_batches(self.parts[pid], seed=self.cfg.seed, partition_id=pid,
-                                        server_round=server_round, local_steps=self.cfg.local_steps,
-                                        batch_size=self.cfg.batch_size, device=self.device)
+    def _iters(self, server_round: int, probe: bool = False) -> list[Any]:
+        states = self.client_state if self.client_state is not None and not probe else {}
+        return [draw_batches(self.task, self.parts[pid], states.get(pid), seed=self.cfg.seed, partition_id=pid,
+                             server_round=server_round, local_steps=self.cfg.local_steps,
+                             batch_size=self.cfg.batch_size, device=self.device)
                 for pid in self.clients]
 
     def _sequential(self) -> SequentialClients:
-        return SequentialClients(self.task.build_model, self.task.loss, len(self.clients), self.device,
+        return SequentialClients(self.task.build_model, training_loss(self.task), len(self.clients), self.device,
                                  count=self.count, streams=self.options.streams)
 
     def _choose_runner(self) -> VmapClients | SequentialClients:
@@ -138,7 +147,7 @@ class Engine:
                              channels_last=o.channels_last, cuda_graphs=o.cuda_graphs, randomness=o.randomness)
         runner.load(self.state)
         lr, clip = round_hparams(self.cfg, 1, self.task.train_size)
-        why = runner.probe([next(it) for it in self._iters(1)],
+        why = runner.probe([next(it) for it in self._iters(1, probe=True)],
                            StepConfig(lr=lr, clip=clip, weight_decay=self.cfg.weight_decay,
                                       momentum=self.cfg.momentum))
         if why is None:
@@ -214,6 +223,8 @@ class Engine:
         table[:, COLUMNS.index("num-examples")] = examples
         table[:, COLUMNS.index("num-steps")] = 1.0
         table[:, COLUMNS.index("skipped-steps")] = 0.0
+        if getattr(self.runner, "last_ce", None) is not None:
+            table[:, COLUMNS.index("train-ce")] = self.runner.last_ce.double()
         avg, metrics = average_round(states, like, ClientMetrics(table), aggregation=self.cfg.aggregation,
                                      num_clients=self.cfg.num_clients, world=self.world)
         if "grad-norm" in metrics:
@@ -249,9 +260,8 @@ class Engine:
         self.momentum = momentum or None
         return ckpt
 
-    def evaluate(self) -> dict[str, float]:
-        self.model.load_state_dict(self.state)
-        return self.task.evaluate(self.model, self.device)
+    def evaluate(self) -> dict[str, float | int]:
+        return self.evaluator(self.state)
 
 
 def run_engine(cfg: RunConfig, options: EngineOptions | None = None, *, task: Task | None = None,

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from client.update import RoundStats, StepConfig, clipped_sgd_step
+from client.update import RoundStats, StepConfig, clipped_sgd_step, split_loss
 from tasks.protocol import default_count
 
 from .vectorised import Count, LossFn
@@ -50,6 +50,7 @@ class SequentialClients:
         self._generator = torch.cuda.default_generators[index] if cuda else torch.default_generator
         use_streams = streams and cuda and n > 1
         self.streams = [torch.cuda.Stream(device) for _ in range(n)] if use_streams else None
+        self.last_ce: Tensor | None = None  # [n] cross-entropy of the last ``gradients`` (loss_fn returns (loss, ce))
 
     @property
     def n(self) -> int:
@@ -110,7 +111,7 @@ class SequentialClients:
                             self._generator.manual_seed(seed(i, step))
                         for p in params[i]:
                             p.grad = None
-                        loss = self.loss_fn(model, batch)
+                        loss, ce = split_loss(self.loss_fn(model, batch))
                         loss.backward()
                         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params[i]]
                         with torch.no_grad():
@@ -119,7 +120,7 @@ class SequentialClients:
                                 scale = one * scale
                             new, bufs[i], stats = clipped_sgd_step(params[i], grads, bufs[i], cfg, lr_scale=scale)
                             torch._foreach_copy_(params[i], new)
-                        totals[i].add(loss, stats, self.count(batch))
+                        totals[i].add(loss, stats, self.count(batch), ce)
                 step += 1
             for ps in params:
                 for p in ps:
@@ -131,7 +132,7 @@ class SequentialClients:
         """Each client's gradient on its next batch (naive parallel clipping): (one dict of
         gradients per client, loss [n], per-client lr_scale or None, examples [n]); the
         models keep the buffers their forward pass updated."""
-        grads, losses, scales, examples = [], [], [], []
+        grads, losses, scales, examples, ces = [], [], [], [], []
         with self._round():
             for i, model in enumerate(self.models):
                 with self._on(i):
@@ -142,8 +143,10 @@ class SequentialClients:
                     named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
                     for _, p in named:
                         p.grad = None
-                    loss = self.loss_fn(model, batch)
+                    loss, ce = split_loss(self.loss_fn(model, batch))
                     loss.backward()
+                    if ce is not None:
+                        ces.append(ce.detach().float())
                     grads.append({k: p.grad.detach() if p.grad is not None else torch.zeros_like(p)
                                   for k, p in named})
                     for _, p in named:
@@ -151,6 +154,7 @@ class SequentialClients:
                     losses.append(loss.detach().float())
                     scales.append(getattr(batch, "lr_scale", None))
                     examples.append(float(self.count(batch)))
-        scale = None if all(s is None for s in scales) else torch.tensor(
-            [1.0 if s is None else float(s) for s in scales], device=self.device)
+        self.last_ce = torch.stack(ces) if len(ces) == len(losses) else None
+        scale = None if all(s is None for s in scales) else torch.tensor(  # float64: as the ClientApp reports it
+            [1.0 if s is None else float(s) for s in scales], dtype=torch.float64, device=self.device)
         return grads, torch.stack(losses), scale, torch.tensor(examples, dtype=torch.float64, device=self.device)
