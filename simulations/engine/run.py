@@ -46,9 +46,9 @@ from torch import Tensor
 
 from client.update import StepConfig, grad_norm
 from server.checkpoint import Checkpoint, CheckpointError, resume_point, save_checkpoint
+from server.evaluation import Evaluator
 from server.results import ResultsWriter, RunClock, check_replies, round_row, save_weights
 from server.run_folder import claim_run_folder
-from server.evaluation import Evaluator
 from strategies.averaging import state_nbytes
 from strategies.naive_step import naive_server_step
 from strategies.schedule import global_epoch, scheduled
