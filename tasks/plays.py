@@ -30,13 +30,17 @@ action starts at the first ``ACT``, ``PROLOGUE`` / ``THE PROLOGUE`` or ``INDUCTI
 after it. A paragraph whose first line is a speaker line (a name of at most four
 capitalised words, optionally led by a number or a short abbreviation like ``1.`` or
 ``Mrs.``, ending in ``.`` or written in capitals, optionally followed by a bracketed
-direction) starts that role's speech with the paragraph's other lines; a paragraph starting
-with ``[`` is a stage direction (skipped; the speaker goes on, as LEAF attributes the
-lines after an exit line to the last speaker); an ``ACT`` / ``SCENE`` heading ends the
-speech; any other paragraph continues the current speaker's speech (dropped if there is
-none). Works without a cast list (the poems) and plays with fewer than two roles have no
-clients. Each line is stripped of surrounding blanks (LEAF strips the four-space indent;
-the whitespace rule above makes the rest equal).
+direction) starts that role's speech with the paragraph's other lines; a speaker line alone
+in its paragraph makes that role speak the next plain paragraph (``CHORUS.`` / blank /
+speech, or ``POSTHUMUS.`` / ``[Waking.]`` / speech), except right after a heading, where a
+lone line is the scene's place (``Westminster Abbey.``); a paragraph starting with ``[`` is
+a stage direction (skipped; the speaker goes on, as LEAF attributes the lines after an exit
+line to the last speaker); an ``ACT`` / ``SCENE`` heading ends the speech; any other
+paragraph continues the current speaker's speech (dropped if there is none). ``SONG``,
+``DUMB SHOW``, ``THE END`` and ``FINIS`` are titles, not roles: the line is dropped. Works
+without a cast list (the poems) and plays with fewer than two roles have no clients. Each
+line is stripped of surrounding blanks (LEAF strips the four-space indent; the whitespace
+rule above makes the rest equal).
 
 Vocabulary: LEAF's ``ALL_LETTERS`` (80 symbols). A character outside it (in this source
 ``@ { / _``, 13 of 4.2 million) becomes ``}``, the class LEAF's ``letter_to_vec`` gives it.
@@ -64,7 +68,7 @@ START = re.compile(r"^(ACT\b|Act\b|(THE )?PROLOGUE\.?$|INDUCTION\.?$)")
 HEADING = re.compile(r"^(ACT|Act|SCENE|Scene)\b|^INDUCTION\b")
 SPEAKER = re.compile(r"^((?:(?:\d+|[A-Za-z]{1,3})\.? )?[A-Za-z][A-Za-z' -]*?)\s*(\.|\.?\s*[\[{][^\]]*\])?$")
 CONNECTIVES = frozenset({"of", "and", "the", "de", "la", "le", "du"})
-NOT_ROLES = frozenset({"SONG", "THE END", "FINIS"})
+NOT_ROLES = frozenset({"SONG", "THE END", "FINIS", "DUMB SHOW"})
 
 _TABLE = np.full(256, UNKNOWN, dtype=np.uint8)
 _TABLE[np.frombuffer(ALL_LETTERS.encode("ascii"), dtype=np.uint8)] = np.arange(len(ALL_LETTERS), dtype=np.uint8)
@@ -104,6 +108,12 @@ def _paragraphs(lines: list[str]) -> list[list[str]]:
 
 def speaker(line: str) -> str | None:
     """The normalised role name if ``line`` is a speaker line, else None."""
+    name = _name(line)
+    return None if name in NOT_ROLES else name
+
+
+def _name(line: str) -> str | None:
+    """The normalised name of a speaker-shaped line (``SONG`` included), else None."""
     m = SPEAKER.match(line.rstrip())
     if not m:
         return None
@@ -115,8 +125,7 @@ def speaker(line: str) -> str | None:
         return None
     if not end and name.upper() != name:  # without the period only names in capitals (e.g. THESEUS)
         return None
-    name = " ".join(name.upper().split())
-    return None if name in NOT_ROLES else name
+    return " ".join(name.upper().split())
 
 
 def parse_play(text: str) -> tuple[str, dict[str, list[str]]]:
@@ -128,19 +137,32 @@ def parse_play(text: str) -> tuple[str, dict[str, list[str]]]:
         return title, {}
     start = next((i for i in range(cast + 1, len(lines)) if START.match(lines[i])), len(lines))
     roles: dict[str, list[str]] = defaultdict(list)
-    current: str | None = None
+    current: str | None = None  # who speaks
+    pending: str | None = None  # a speaker line alone in its paragraph: the speech may follow a blank line
+    after_heading = False
     for par in _paragraphs(lines[start:]):
         first = par[0]
         if HEADING.match(first):
-            current = None
+            current, pending, after_heading = None, None, True
             continue
-        if first.startswith(("[", "{")):
+        place, after_heading = after_heading, False
+        if first.startswith(("[", "{")):  # a direction; a pending speaker still speaks next ("[Aside.]")
             continue
-        name = speaker(first)
+        name = _name(first)
+        if name in NOT_ROLES:  # a title (SONG, DUMB SHOW): dropped; what follows goes on as before
+            name, par = None, par[1:]
+            if not par:
+                continue
+        if name is not None and len(par) == 1:
+            pending = None if place else name  # right after a heading, a lone line is the scene's place
+            continue
         if name is not None:
-            current = name
+            current, pending = name, None
             roles[name].extend(line.strip() for line in par[1:])
-        elif current is not None:
+            continue
+        if pending is not None:
+            current, pending = pending, None
+        if current is not None:
             roles[current].extend(line.strip() for line in par)
     return title, dict(roles)
 
