@@ -8,7 +8,7 @@ character over LEAF's 80 symbols, the first 90 % of a role's windows for trainin
 windows from 79 further on for testing.
 
 Clients. The federation's pool is every role with a training and a test window (674 roles
-of 36 plays on the 0.6 sdist). ``num-clients = M`` takes the M roles with the most
+of 37 plays on the 0.6 sdist). ``num-clients = M`` takes the M roles with the most
 training windows (ties: LEAF user id), partition id 0 the largest: a rule of the data
 alone, the same for every seed, and M = 674 is the whole pool. More clients than the pool
 holds is an error. The split is the data's own: ``partitioner`` must stay
