@@ -171,8 +171,10 @@ def test_task_windows_split_and_clients(fake):
             assert ALL_LETTERS[int(y[i])] == text[i + SEQ_LEN]
         tests = task.test_starts[(task.test_starts >= base) & (task.test_starts < base + len(text))] - base
         assert tests.tolist() == list(range(client.test_start, client.role.num_samples))
-        # no test target lies inside any training window (inputs or target)
-        assert tests.min() + SEQ_LEN > (len(part) - 1) + SEQ_LEN
+        # LEAF's gap: the first test window starts at the last training target, so no test target
+        # lies inside any training window
+        last_train_position = (len(part) - 1) + SEQ_LEN
+        assert tests.min() == last_train_position
     assert len(task.test_starts) == sum(c.role.num_samples - c.test_start for c in pool)
 
 
