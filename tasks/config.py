@@ -20,7 +20,7 @@ import tomllib
 
 from strategies.averaging import AGGREGATIONS
 
-TASKS = ("digits", "cifar10", "ptb", "wikitext2")
+TASKS = ("digits", "cifar10", "ptb", "wikitext2", "shakespeare")
 #: ``package.module:factory`` -- a task of your own (``tasks.custom``, README "Bring your own task")
 TASK_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 ALGORITHMS = ("celgc", "local-sgd", "naive")
@@ -39,7 +39,7 @@ def _key(name: str, doc: str, **kw: Any) -> Any:
 class RunConfig:
     """Every setting of a run. Build with ``RunConfig.from_mapping`` (validates)."""
 
-    task: str = _key("task", "data set + model: digits (offline default), cifar10, ptb, wikitext2, or your own \"package.module:factory\"", default="digits")
+    task: str = _key("task", "data set + model: digits (offline default), cifar10, ptb, wikitext2, shakespeare, or your own \"package.module:factory\"", default="digits")
     algorithm: str = _key("algorithm", "celgc, local-sgd (celgc with clip off) or naive (parallel clipping, 1 step a round)", default="celgc")
     num_clients: int = _key("num-clients", "N, clients training every round", default=8)
     num_rounds: int = _key("num-rounds", "communication rounds", default=20)
@@ -56,7 +56,7 @@ class RunConfig:
     similarity: float = _key("similarity", "s in [0, 100]: % of each class dealt i.i.d. (similarity partitioner)", default=0.0)
     dirichlet_alpha: float = _key("dirichlet-alpha", "alpha > 0 of the Dirichlet label skew", default=0.5)
     seed: int = _key("seed", "seed of model init, partitions and minibatches", default=0)
-    data_dir: str = _key("data-dir", "where data sets live (cifar10, ptb, wikitext2; given to your own task's factory)", default="data")
+    data_dir: str = _key("data-dir", "where data sets live (cifar10, ptb, wikitext2, shakespeare; given to your own task's factory)", default="data")
     download: bool = _key("download", "allow downloading a data set that is missing", default=False)
     results_dir: str = _key("results-dir", "folder for results (relative: to the server's working directory)", default="results")
     run_name: str = _key("run-name", "results sub-folder; empty: <task>-<algorithm>-I<local-steps>-<time>", default="")

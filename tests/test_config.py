@@ -54,7 +54,8 @@ def test_every_key_is_documented():
     ({"similarity": 101}, r"similarity must be in \[0, 100\], got 101"),
     ({"similarity": -1}, r"similarity must be in \[0, 100\], got -1"),
     ({"dirichlet-alpha": 0}, r"dirichlet-alpha must be > 0, got 0"),
-    ({"task": "imagenet"}, r"task must be one of digits, cifar10, ptb, wikitext2 or an import path \"package.module:factory\", got 'imagenet'"),
+    ({"task": "imagenet"}, r"task must be one of digits, cifar10, ptb, wikitext2, shakespeare or an import path "
+                           r"\"package.module:factory\", got 'imagenet'"),
     ({"algorithm": "fedprox"}, r"algorithm must be one of celgc, local-sgd, naive, got 'fedprox'"),
     ({"aggregation": "median"}, r"aggregation must be one of uniform, examples, got 'median'"),
     ({"lr-milestones": "120,80"}, r"lr-milestones must be increasing"),

@@ -103,8 +103,8 @@ def test_import_paths_are_accepted_next_to_the_builtin_names(path):
 @pytest.mark.parametrize("value", ["imagenet", "examples.own_task.tabular", "mod:", ":f", "a:b:c", "1mod:f",
                                    "a-b:f", "path/to/file.py:f", "mod:f()", "mod :f"])
 def test_other_task_values_name_both_forms(value):
-    with pytest.raises(ValueError, match=re.escape(f'task must be one of digits, cifar10, ptb, wikitext2 or an import '
-                                                   f'path "package.module:factory", got {value!r}')):
+    with pytest.raises(ValueError, match=re.escape(f'task must be one of digits, cifar10, ptb, wikitext2, shakespeare or '
+                                                   f'an import path "package.module:factory", got {value!r}')):
         cfg_of(value)
 
 
