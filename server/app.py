@@ -39,6 +39,11 @@ class FederationError(RuntimeError):
 
 
 
+def strategy_metrics_only(records: list[RecordDict], weighted_by_key: str) -> MetricRecord:
+    """No client metrics beyond the strategy's own definitions (the results rows' columns)."""
+    return MetricRecord()
+
+
 def build_strategy(cfg: RunConfig, train_size: int) -> CELGC:
     """The strategy named by ``algorithm`` with every setting from the config.
 
@@ -52,6 +57,7 @@ def build_strategy(cfg: RunConfig, train_size: int) -> CELGC:
         num_clients=cfg.num_clients, fraction_train=1.0, fraction_evaluate=0.0,
         # every online node trains; a round needs min-replies of them (fault tolerance)
         min_train_nodes=cfg.required_replies, min_available_nodes=cfg.required_replies,
+        train_metrics_aggr_fn=strategy_metrics_only,
     )
     if cfg.algorithm == "naive":
         return NaiveParallelClip(**common)
@@ -166,7 +172,7 @@ def main(grid: Grid, context: Context) -> None:
         t0 = time.monotonic()
         row: dict[str, Any] = {
             "round": server_round,
-            "global-epoch": strategy.epoch_at(server_round, cfg.num_clients),
+            "global-epoch": strategy.epoch_at(server_round),
             "communication-rounds": server_round,
         }
         if server_round > 0:
@@ -184,7 +190,7 @@ def main(grid: Grid, context: Context) -> None:
                 row["failures"] = [WatchedGrid.describe({k: v}) for k, v in failures.items()] + rejected
             if done and server_round == done + 1:
                 row["resumed-from-round"] = done
-            lr, clip = strategy.round_hparams(server_round, cfg.num_clients)
+            lr, clip = strategy.round_hparams(server_round)
             row.update({"lr": lr, "clip": clip})
             row.update(dict(strategy.last_round_metrics or {}))
         metrics = None
