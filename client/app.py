@@ -7,9 +7,10 @@ config, and hands the arrays and the round's hyper-parameters to ``train_round``
 
 from __future__ import annotations
 
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from strategies.clientapp import gradient_reply, round_settings, train_reply
 from strategies.naive import GRADIENT_MODE
 from tasks import cached_task, partitions
 from tasks.config import RunConfig
@@ -51,20 +52,14 @@ def train(msg: Message, context: Context) -> Message:
     local = local_data(context.node_config, cfg)  # the host's own data (node config local-data)
     pid = local.sampling_id if local else node_partition(context, cfg)
     data = (local.task, local.indices) if local else None
-    config = msg.content["config"]
-    state = msg.content["arrays"].to_torch_state_dict()
-    if config.get("mode") == GRADIENT_MODE:  # naive parallel clipping: the gradient, not a local update
-        grads, buffers, metrics = gradient_round(cfg, pid, int(config["server-round"]), state, dict(config), data)
-        if not local or local.partition_id is not None:
-            metrics["partition-id"] = pid
-        content = RecordDict({"grads": ArrayRecord(grads), "buffers": ArrayRecord(buffers),
-                              "metrics": MetricRecord(metrics)})
-        return Message(content=content, reply_to=msg)
-    new_state, metrics = train_round(cfg, pid, int(config["server-round"]), state, dict(config), data)
-    if not local or local.partition_id is not None:
-        metrics["partition-id"] = pid
-    content = RecordDict({"arrays": ArrayRecord(new_state), "metrics": MetricRecord(metrics)})
-    return Message(content=content, reply_to=msg)
+    settings = round_settings(msg)  # an error naming every missing key when another strategy drives this app
+    state = next(iter(msg.content.array_records.values())).to_torch_state_dict()
+    extra = {"partition-id": pid} if not local or local.partition_id is not None else {}
+    if settings.mode == GRADIENT_MODE:  # naive parallel clipping: the gradient, not a local update
+        grads, buffers, metrics = gradient_round(cfg, pid, settings, state, data)
+        return gradient_reply(msg, grads, buffers, metrics, extra)
+    new_state, metrics = train_round(cfg, pid, settings, state, data)
+    return train_reply(msg, new_state, metrics, extra)
 
 
 @app.evaluate()

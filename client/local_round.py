@@ -15,21 +15,20 @@ from tasks.config import RunConfig
 from tasks.device import pick_device
 from tasks.protocol import batch_lr_scale, example_counter
 
-from .update import StepConfig, grad_norm, local_update
+from .update import RoundSettings, grad_norm, local_update
 
 
 def train_round(
     cfg: RunConfig,
     partition_id: int,
-    server_round: int,
+    settings: RoundSettings,
     state: dict[str, torch.Tensor],
-    hparams: dict[str, Any],
     data: tuple[Any, np.ndarray] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float | int]]:
     """Run one round of local clipped SGD for client ``partition_id`` from ``state``.
 
-    ``hparams`` are the round's values sent by the strategy (``local-steps``, ``lr``,
-    ``clip``, ``weight-decay``, ``momentum``, ``batch-size``). ``data`` = (task, indices)
+    ``settings`` are the round's values sent by the strategy (``RoundSettings.from_config``
+    of the round's ConfigRecord). ``data`` = (task, indices)
     replaces the simulated partition (a host's own data, ``client.local_data``); then
     ``partition_id`` only seeds the sampling.
     """
@@ -41,13 +40,11 @@ def train_round(
     task, idx = data if data is not None else (cached_task(cfg), partitions(cfg)[partition_id])
     model = task.build_model().to(device)
     model.load_state_dict(state)
-    step = StepConfig(lr=float(hparams["lr"]), clip=float(hparams["clip"]),
-                      weight_decay=float(hparams["weight-decay"]), momentum=float(hparams["momentum"]))
     batches = task.round_batches(
-        idx, seed=cfg.seed, partition_id=partition_id, server_round=server_round,
-        local_steps=int(hparams["local-steps"]), batch_size=int(hparams["batch-size"]), device=device,
+        idx, seed=cfg.seed, partition_id=partition_id, server_round=settings.server_round,
+        local_steps=settings.local_steps, batch_size=settings.batch_size, device=device,
     )
-    metrics = local_update(model, batches, task.loss, step, count=example_counter(task))
+    metrics = local_update(model, batches, task.loss, settings, count=example_counter(task))
     new_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     return new_state, metrics
 
@@ -55,9 +52,8 @@ def train_round(
 def gradient_round(
     cfg: RunConfig,
     partition_id: int,
-    server_round: int,
+    settings: RoundSettings,
     state: dict[str, torch.Tensor],
-    hparams: dict[str, Any],
     data: tuple[Any, np.ndarray] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, float | int]]:
     """A naive parallel-clipping round: the gradient at ``state`` on ONE minibatch.
@@ -78,8 +74,8 @@ def gradient_round(
     model.load_state_dict(state)
     model.train()
     (batch,) = list(task.round_batches(
-        idx, seed=cfg.seed, partition_id=partition_id, server_round=server_round,
-        local_steps=1, batch_size=int(hparams["batch-size"]), device=device,
+        idx, seed=cfg.seed, partition_id=partition_id, server_round=settings.server_round,
+        local_steps=1, batch_size=settings.batch_size, device=device,
     ))
     loss = task.loss(model, batch)
     loss.backward()
