@@ -22,9 +22,19 @@ from .local_round import gradient_round, train_round
 app = ClientApp()
 
 
+def run_config(context: Context) -> RunConfig:
+    """The run config; num-clients = 0 (follow the federation) becomes this node's num-partitions."""
+    cfg = RunConfig.from_mapping(dict(context.run_config))
+    num = context.node_config.get("num-partitions")
+    return cfg.with_clients(num) if isinstance(num, int) and not isinstance(num, bool) else cfg
+
+
 def node_partition(context: Context, cfg: RunConfig) -> int:
     """This node's partition id, checked against the run's num-clients."""
     nc = context.node_config
+    if not cfg.num_clients:
+        raise ValueError("num-clients=0 follows the federation's num-partitions, which this node's config lacks: start "
+                         "the SuperNode with --node-config \"partition-id=i num-partitions=N\" or set num-clients=N")
     if "partition-id" not in nc:
         raise ValueError(
             "node config has no partition-id: start the SuperNode with "
@@ -48,7 +58,7 @@ def node_partition(context: Context, cfg: RunConfig) -> int:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    cfg = RunConfig.from_mapping(dict(context.run_config))
+    cfg = run_config(context)
     local = local_data(context.node_config, cfg)  # the host's own data (node config local-data)
     pid = local.sampling_id if local else node_partition(context, cfg)
     data = (local.task, local.indices) if local else None
@@ -65,7 +75,7 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Loss and accuracy of the received model on this client's own partition."""
-    cfg = RunConfig.from_mapping(dict(context.run_config))
+    cfg = run_config(context)
     local = local_data(context.node_config, cfg)
     task, idx = (local.task, local.indices) if local else (cached_task(cfg), partitions(cfg)[node_partition(context, cfg)])
     device = pick_device(cfg.device)

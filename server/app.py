@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +82,8 @@ def wait_for_federation(grid: Grid, cfg: RunConfig, poll: float = 0.5,
             checked.update(fresh)
         if len(nodes) > cfg.num_clients:
             raise FederationError(
-                f"{len(nodes)} nodes are connected but num-clients is {cfg.num_clients}: "
-                f"set num-clients={len(nodes)} or run with --federation-config \"num-supernodes={cfg.num_clients}\""
+                f"set num-clients={len(nodes)} (or 0 to follow the federation) or run with --federation-config "
+                f"\"num-supernodes={cfg.num_clients}\": {len(nodes)} nodes are connected but num-clients is {cfg.num_clients}"
             )
         if len(nodes) == cfg.num_clients:
             return nodes
@@ -93,30 +93,58 @@ def wait_for_federation(grid: Grid, cfg: RunConfig, poll: float = 0.5,
                     len(nodes), cfg.num_clients, cfg.min_replies)
                 return nodes
             raise FederationError(
-                f"only {len(nodes)} of num-clients={cfg.num_clients} nodes connected within node-wait={cfg.node_wait:g} s: "
                 f"in simulation run with --federation-config \"num-supernodes={cfg.num_clients}\"; in deployment start "
-                f"{cfg.num_clients} SuperNodes with --node-config \"partition-id=i num-partitions={cfg.num_clients}\""
+                f"{cfg.num_clients} SuperNodes with --node-config \"partition-id=i num-partitions={cfg.num_clients}\": "
+                f"only {len(nodes)} of num-clients={cfg.num_clients} nodes connected within node-wait={cfg.node_wait:g} s"
             )
         log(INFO, "Waiting for nodes: %d of %d connected", len(nodes), cfg.num_clients)
         time.sleep(poll)
 
 
-def _check_nodes(grid: Grid, cfg: RunConfig, nodes: list[int], partition_of: dict[int, int] | None = None) -> None:
+def _query(grid: Grid, nodes: list[int], timeout: float) -> dict[int, dict]:
+    """Each answering node's partition settings (``partition-id`` / ``num-partitions``)."""
     queries = [Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=n) for n in nodes]
-    for reply in grid.send_and_receive(queries, timeout=cfg.node_wait):
-        if reply.has_error():
-            continue  # an app without a query handler: the train step checks again
-        info = next(iter(reply.content.metric_records.values()), {})
+    out = {}
+    for reply in grid.send_and_receive(queries, timeout=timeout):
+        if not reply.has_error():  # an app without a query handler: the train step checks again
+            out[reply.metadata.src_node_id] = dict(next(iter(reply.content.metric_records.values()), {}))
+    return out
+
+
+def _check_nodes(grid: Grid, cfg: RunConfig, nodes: list[int], partition_of: dict[int, int] | None = None) -> None:
+    for node, info in _query(grid, nodes, cfg.node_wait).items():
         if partition_of is not None and isinstance(info.get("partition-id"), int):
-            partition_of[reply.metadata.src_node_id] = int(info["partition-id"])
+            partition_of[node] = int(info["partition-id"])
         num = info.get("num-partitions")
         if num is not None and int(num) != cfg.num_clients:
             raise FederationError(
-                f"the federation has num-partitions={int(num)} but the run asks for num-clients={cfg.num_clients}: "
-                f"in simulation run with --federation-config \"num-supernodes={cfg.num_clients}\" "
-                f"(or set num-clients={int(num)}); in deployment start the SuperNodes with "
+                f"run with --federation-config \"num-supernodes={cfg.num_clients}\", or set num-clients={int(num)} "
+                f"(or num-clients=0 to follow the federation): the federation has num-partitions={int(num)} but the run "
+                f"asks for num-clients={cfg.num_clients}; in deployment start the SuperNodes with "
                 f"--node-config \"partition-id=i num-partitions={cfg.num_clients}\""
             )
+
+
+def follow_federation(grid: Grid, cfg: RunConfig, poll: float = 0.5) -> RunConfig:
+    """``cfg`` with num-clients resolved: 0 follows the ``num-partitions`` the nodes report
+    (Flower's num-supernodes in simulation); a set value stays."""
+    if cfg.num_clients:
+        return cfg
+    deadline = time.monotonic() + cfg.node_wait
+    while not (nodes := sorted(grid.get_node_ids())):
+        if time.monotonic() > deadline:
+            raise FederationError(f"no node connected within node-wait={cfg.node_wait:g} s (num-clients=0 follows them)")
+        time.sleep(poll)
+    sizes = {int(info["num-partitions"]) for info in _query(grid, nodes, cfg.node_wait).values()
+             if isinstance(info.get("num-partitions"), int)}
+    if len(sizes) != 1:
+        raise FederationError(
+            "set num-clients=N: num-clients=0 follows the num-partitions the nodes report (node config), "
+            f"and they report {'none' if not sizes else sorted(sizes)}"
+        )
+    (num,) = sizes
+    log(INFO, "num-clients=0: following the federation, %d clients", num)
+    return cfg.replace(num_clients=num)
 
 
 def check_partitions(cfg: RunConfig) -> None:
@@ -148,7 +176,16 @@ def resume_point(cfg: RunConfig, folder: Path, strategy: object) -> Checkpoint |
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    cfg = RunConfig.from_mapping(dict(context.run_config))
+    try:
+        run(grid, RunConfig.from_mapping(dict(context.run_config)))
+    except FederationError as exc:
+        log(ERROR, "%s", exc)  # the fix first, before Flower's traceback
+        raise
+
+
+def run(grid: Grid, cfg: RunConfig) -> None:
+    """One run of ``cfg`` on the grid's federation: rounds, results, checkpoints, weights."""
+    cfg = follow_federation(grid, cfg)
     folder = (Path(cfg.results_dir) / cfg.folder_name()).resolve()
     log(INFO, "CELGC run: %s -> results in %s", cfg.task, folder)
     task = cached_task(cfg)
