@@ -13,8 +13,8 @@ from client.app import app as client_app
 from loopback_grid import LoopbackGrid, run_server_app
 from server.app import app as server_app
 from server.results import load_weights, read_results
-from tasks.config import RunConfig
 from simulations.flower import LocalSuperLink, RunFailed, run_app
+from tasks.config import RunConfig
 
 pytestmark = pytest.mark.realproc  # real processes: skip with -m "not realproc"
 
@@ -51,3 +51,13 @@ def test_federation_of_the_wrong_size_is_a_failed_run_with_the_fix(superlink, tm
     assert info.value.status == "finished:failed"
     text = f"{info.value}\n{info.value.logs_tail}\n{info.value.details}"
     assert "num-supernodes=3" in text
+
+
+def test_flwr_run_with_flowers_default_federation_follows_it(superlink, tmp_path):
+    # no num-clients, no federation config: Flower's 2 SuperNodes, and num-clients=0 follows them
+    config = {"num-rounds": 2, "local-steps": 2, "results-dir": str(tmp_path), "run-name": "defaults"}
+    run = run_app(ROOT, config, None, timeout=240, superlink=superlink)
+    assert run["status"] == "finished:completed"
+    header, rows = read_results(tmp_path / "defaults" / "results.jsonl")
+    assert header["config"]["num-clients"] == 2 and rows[-1]["replies"] == 2
+    assert rows[-1]["test-accuracy"] > rows[0]["test-accuracy"]
