@@ -54,7 +54,7 @@ def build_strategy(cfg: RunConfig, train_size: int) -> CELGC:
         lr=cfg.lr, clip=cfg.clip, batch_size=cfg.batch_size,
         weight_decay=cfg.weight_decay, momentum=cfg.momentum, lr_decay=cfg.lr_decay,
         lr_milestones=cfg.lr_milestones, train_size=train_size, aggregation=cfg.aggregation,
-        num_clients=cfg.num_clients, fraction_train=1.0, fraction_evaluate=0.0,
+        num_clients=cfg.num_clients or None, fraction_train=1.0, fraction_evaluate=0.0,  # 0: not yet resolved
         # every online node trains; a round needs min-replies of them (fault tolerance)
         min_train_nodes=cfg.required_replies, min_available_nodes=cfg.required_replies,
         train_metrics_aggr_fn=strategy_metrics_only,
