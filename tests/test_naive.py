@@ -199,3 +199,11 @@ def test_naive_with_batchnorm_through_the_server_app(tmp_path):
     assert len(train) == 3 * 12 and all(m.content["config"]["mode"] == "gradient" for m in train)
     state = load_weights(tmp_path / "bn" / "model.pt")
     assert state["features.1.num_batches_tracked"].item() == 12  # one forward pass a round
+
+
+def test_naive_replies_without_configure_train_stop_the_round_naming_it():
+    from flwr.serverapp.exception import InconsistentMessageReplies
+
+    s = NaiveParallelClip(lr=0.5, clip=1.0, batch_size=4, num_clients=2)
+    with pytest.raises(InconsistentMessageReplies, match="configure_train must run first"):
+        s.aggregate_train(1, [grad_reply({"w": torch.ones(2)}), grad_reply({"w": torch.ones(2)})])
