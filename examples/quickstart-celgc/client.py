@@ -2,8 +2,8 @@
 
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-
 from strategies.clientapp import local_update, round_settings, train_reply
+
 from task import Net, evaluate, load_data, loss_fn, test_data
 
 app = ClientApp()

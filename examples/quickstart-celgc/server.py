@@ -5,8 +5,8 @@ import json
 import torch
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
-
 from strategies import CELGC
+
 from task import Net, evaluate, test_data
 
 app = ServerApp()
