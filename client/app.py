@@ -14,6 +14,7 @@ from __future__ import annotations
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from strategies.clientapp import gradient_reply, round_settings, train_reply
 from strategies.naive import GRADIENT_MODE
 from tasks import cached_task, partitions
 from tasks.config import RunConfig
@@ -46,9 +47,19 @@ def keep_client_state(context: Context, pid: int, client_state: dict | None) -> 
         context.state[state_key(pid)] = ArrayRecord(state_to_cpu(client_state))
 
 
+def run_config(context: Context) -> RunConfig:
+    """The run config; num-clients = 0 (follow the federation) becomes this node's num-partitions."""
+    cfg = RunConfig.from_mapping(dict(context.run_config))
+    num = context.node_config.get("num-partitions")
+    return cfg.with_clients(num) if isinstance(num, int) and not isinstance(num, bool) else cfg
+
+
 def node_partition(context: Context, cfg: RunConfig) -> int:
     """This node's partition id, checked against the run's num-clients."""
     nc = context.node_config
+    if not cfg.num_clients:
+        raise ValueError("num-clients=0 follows the federation's num-partitions, which this node's config lacks: start "
+                         "the SuperNode with --node-config \"partition-id=i num-partitions=N\" or set num-clients=N")
     if "partition-id" not in nc:
         raise ValueError(
             "node config has no partition-id: start the SuperNode with "
@@ -72,34 +83,27 @@ def node_partition(context: Context, cfg: RunConfig) -> int:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    cfg = RunConfig.from_mapping(dict(context.run_config))
+    cfg = run_config(context)
     local = local_data(context.node_config, cfg)  # the host's own data (node config local-data)
     pid = local.sampling_id if local else node_partition(context, cfg)
     data = (local.task, local.indices) if local else None
-    config = msg.content["config"]
-    state = msg.content["arrays"].to_torch_state_dict()
+    settings = round_settings(msg)  # an error naming every missing key when another strategy drives this app
+    state = next(iter(msg.content.array_records.values())).to_torch_state_dict()
     client_state = load_client_state(context, cfg, pid, local.task if local else cached_task(cfg))
-    if config.get("mode") == GRADIENT_MODE:  # naive parallel clipping: the gradient, not a local update
-        grads, buffers, metrics = gradient_round(cfg, pid, int(config["server-round"]), state, dict(config), data,
-                                                 client_state)
+    extra = {"partition-id": pid} if not local or local.partition_id is not None else {}
+    if settings.mode == GRADIENT_MODE:  # naive parallel clipping: the gradient, not a local update
+        grads, buffers, metrics = gradient_round(cfg, pid, settings, state, data, client_state)
         keep_client_state(context, pid, client_state)
-        if not local or local.partition_id is not None:
-            metrics["partition-id"] = pid
-        content = RecordDict({"grads": ArrayRecord(grads), "buffers": ArrayRecord(buffers),
-                              "metrics": MetricRecord(metrics)})
-        return Message(content=content, reply_to=msg)
-    new_state, metrics = train_round(cfg, pid, int(config["server-round"]), state, dict(config), data, client_state)
+        return gradient_reply(msg, grads, buffers, metrics, extra)
+    new_state, metrics = train_round(cfg, pid, settings, state, data, client_state)
     keep_client_state(context, pid, client_state)
-    if not local or local.partition_id is not None:
-        metrics["partition-id"] = pid
-    content = RecordDict({"arrays": ArrayRecord(new_state), "metrics": MetricRecord(metrics)})
-    return Message(content=content, reply_to=msg)
+    return train_reply(msg, new_state, metrics, extra)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Loss and accuracy of the received model on this client's own partition."""
-    cfg = RunConfig.from_mapping(dict(context.run_config))
+    cfg = run_config(context)
     local = local_data(context.node_config, cfg)
     task, idx = (local.task, local.indices) if local else (cached_task(cfg), partitions(cfg)[node_partition(context, cfg)])
     device = pick_device(cfg.device)

@@ -15,22 +15,21 @@ from tasks.config import RunConfig
 from tasks.device import pick_device
 from tasks.protocol import batch_lr_scale, draw_batches, example_counter, state_to, training_loss
 
-from .update import StepConfig, grad_norm, local_update, split_loss
+from .update import RoundSettings, grad_norm, local_update, split_loss
 
 
 def train_round(
     cfg: RunConfig,
     partition_id: int,
-    server_round: int,
+    settings: RoundSettings,
     state: dict[str, torch.Tensor],
-    hparams: dict[str, Any],
     data: tuple[Any, np.ndarray] | None = None,
     client_state: dict[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float | int]]:
     """Run one round of local clipped SGD for client ``partition_id`` from ``state``.
 
-    ``hparams`` are the round's values sent by the strategy (``local-steps``, ``lr``,
-    ``clip``, ``weight-decay``, ``momentum``, ``batch-size``). ``data`` = (task, indices)
+    ``settings`` are the round's values sent by the strategy (``RoundSettings.from_config``
+    of the round's ConfigRecord). ``data`` = (task, indices)
     replaces the simulated partition (a host's own data, ``client.local_data``); then
     ``partition_id`` only seeds the sampling. ``client_state`` (a stateful task's per-client
     state, ``tasks.protocol``; empty: a fresh client; None: a stateless round) is updated in
@@ -44,15 +43,13 @@ def train_round(
     task, idx = data if data is not None else (cached_task(cfg), partitions(cfg)[partition_id])
     model = task.build_model().to(device)
     model.load_state_dict(state)
-    step = StepConfig(lr=float(hparams["lr"]), clip=float(hparams["clip"]),
-                      weight_decay=float(hparams["weight-decay"]), momentum=float(hparams["momentum"]))
     if client_state is not None:
         client_state.update(state_to(client_state, device))
     batches = draw_batches(
-        task, idx, client_state, seed=cfg.seed, partition_id=partition_id, server_round=server_round,
-        local_steps=int(hparams["local-steps"]), batch_size=int(hparams["batch-size"]), device=device,
+        task, idx, client_state, seed=cfg.seed, partition_id=partition_id, server_round=settings.server_round,
+        local_steps=settings.local_steps, batch_size=settings.batch_size, device=device,
     )
-    metrics = local_update(model, batches, training_loss(task), step, count=example_counter(task))
+    metrics = local_update(model, batches, training_loss(task), settings, count=example_counter(task))
     new_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     return new_state, metrics
 
@@ -60,9 +57,8 @@ def train_round(
 def gradient_round(
     cfg: RunConfig,
     partition_id: int,
-    server_round: int,
+    settings: RoundSettings,
     state: dict[str, torch.Tensor],
-    hparams: dict[str, Any],
     data: tuple[Any, np.ndarray] | None = None,
     client_state: dict[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, float | int]]:
@@ -87,8 +83,8 @@ def gradient_round(
     if client_state is not None:
         client_state.update(state_to(client_state, device))
     (batch,) = list(draw_batches(
-        task, idx, client_state, seed=cfg.seed, partition_id=partition_id, server_round=server_round,
-        local_steps=1, batch_size=int(hparams["batch-size"]), device=device,
+        task, idx, client_state, seed=cfg.seed, partition_id=partition_id, server_round=settings.server_round,
+        local_steps=1, batch_size=settings.batch_size, device=device,
     ))
     loss, ce = split_loss(training_loss(task)(model, batch))
     loss.backward()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
@@ -32,6 +32,11 @@ class FederationError(RuntimeError):
 
 
 
+def strategy_metrics_only(records: list[RecordDict], weighted_by_key: str) -> MetricRecord:
+    """No client metrics beyond the strategy's own definitions (the results rows' columns)."""
+    return MetricRecord()
+
+
 def build_strategy(cfg: RunConfig, train_size: int) -> CELGC:
     """The strategy named by ``algorithm`` with every setting from the config.
 
@@ -42,9 +47,10 @@ def build_strategy(cfg: RunConfig, train_size: int) -> CELGC:
         lr=cfg.lr, clip=cfg.clip, batch_size=cfg.batch_size,
         weight_decay=cfg.weight_decay, momentum=cfg.momentum, lr_decay=cfg.lr_decay,
         lr_milestones=cfg.lr_milestones, train_size=train_size, aggregation=cfg.aggregation,
-        num_clients=cfg.num_clients, fraction_train=1.0, fraction_evaluate=0.0,
+        num_clients=cfg.num_clients or None, fraction_train=1.0, fraction_evaluate=0.0,  # 0: not yet resolved
         # every online node trains; a round needs min-replies of them (fault tolerance)
         min_train_nodes=cfg.required_replies, min_available_nodes=cfg.required_replies,
+        train_metrics_aggr_fn=strategy_metrics_only,
     )
     if cfg.algorithm == "naive":
         return NaiveParallelClip(**common)
@@ -69,8 +75,8 @@ def wait_for_federation(grid: Grid, cfg: RunConfig, poll: float = 0.5,
             checked.update(fresh)
         if len(nodes) > cfg.num_clients:
             raise FederationError(
-                f"{len(nodes)} nodes are connected but num-clients is {cfg.num_clients}: "
-                f"set num-clients={len(nodes)} or run with --federation-config \"num-supernodes={cfg.num_clients}\""
+                f"set num-clients={len(nodes)} (or 0 to follow the federation) or run with --federation-config "
+                f"\"num-supernodes={cfg.num_clients}\": {len(nodes)} nodes are connected but num-clients is {cfg.num_clients}"
             )
         if len(nodes) == cfg.num_clients:
             return nodes
@@ -80,36 +86,64 @@ def wait_for_federation(grid: Grid, cfg: RunConfig, poll: float = 0.5,
                     len(nodes), cfg.num_clients, cfg.min_replies)
                 return nodes
             raise FederationError(
-                f"only {len(nodes)} of num-clients={cfg.num_clients} nodes connected within node-wait={cfg.node_wait:g} s: "
                 f"in simulation run with --federation-config \"num-supernodes={cfg.num_clients}\"; in deployment start "
-                f"{cfg.num_clients} SuperNodes with --node-config \"partition-id=i num-partitions={cfg.num_clients}\""
+                f"{cfg.num_clients} SuperNodes with --node-config \"partition-id=i num-partitions={cfg.num_clients}\": "
+                f"only {len(nodes)} of num-clients={cfg.num_clients} nodes connected within node-wait={cfg.node_wait:g} s"
             )
         log(INFO, "Waiting for nodes: %d of %d connected", len(nodes), cfg.num_clients)
         time.sleep(poll)
 
 
-def _check_nodes(grid: Grid, cfg: RunConfig, nodes: list[int], partition_of: dict[int, int] | None = None) -> None:
+def _query(grid: Grid, nodes: list[int], timeout: float) -> dict[int, dict]:
+    """Each answering node's partition settings (``partition-id`` / ``num-partitions``)."""
     queries = [Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=n) for n in nodes]
-    for reply in grid.send_and_receive(queries, timeout=cfg.node_wait):
-        if reply.has_error():
-            continue  # an app without a query handler: the train step checks again
-        info = next(iter(reply.content.metric_records.values()), {})
-        pid, node = info.get("partition-id"), reply.metadata.src_node_id
+    out = {}
+    for reply in grid.send_and_receive(queries, timeout=timeout):
+        if not reply.has_error():  # an app without a query handler: the train step checks again
+            out[reply.metadata.src_node_id] = dict(next(iter(reply.content.metric_records.values()), {}))
+    return out
+
+
+def _check_nodes(grid: Grid, cfg: RunConfig, nodes: list[int], partition_of: dict[int, int] | None = None) -> None:
+    for node, info in _query(grid, nodes, cfg.node_wait).items():
+        pid = info.get("partition-id")
         if partition_of is not None and isinstance(pid, int) and not isinstance(pid, bool):
             holder = next((n for n, p in partition_of.items() if p == pid and n != node), None)
             if holder is not None:
                 raise FederationError(
-                    f"nodes {holder} and {node} both claim partition-id={pid}: every SuperNode needs its own "
-                    f"--node-config \"partition-id=i num-partitions={cfg.num_clients}\" (i = 0..{cfg.num_clients - 1})")
+                    f"give every SuperNode its own --node-config \"partition-id=i num-partitions={cfg.num_clients}\" "
+                    f"(i = 0..{cfg.num_clients - 1}): nodes {holder} and {node} both claim partition-id={pid}")
             partition_of[node] = pid
         num = info.get("num-partitions")
         if num is not None and int(num) != cfg.num_clients:
             raise FederationError(
-                f"the federation has num-partitions={int(num)} but the run asks for num-clients={cfg.num_clients}: "
-                f"in simulation run with --federation-config \"num-supernodes={cfg.num_clients}\" "
-                f"(or set num-clients={int(num)}); in deployment start the SuperNodes with "
+                f"run with --federation-config \"num-supernodes={cfg.num_clients}\", or set num-clients={int(num)} "
+                f"(or num-clients=0 to follow the federation): the federation has num-partitions={int(num)} but the run "
+                f"asks for num-clients={cfg.num_clients}; in deployment start the SuperNodes with "
                 f"--node-config \"partition-id=i num-partitions={cfg.num_clients}\""
             )
+
+
+def follow_federation(grid: Grid, cfg: RunConfig, poll: float = 0.5) -> RunConfig:
+    """``cfg`` with num-clients resolved: 0 follows the ``num-partitions`` the nodes report
+    (Flower's num-supernodes in simulation); a set value stays."""
+    if cfg.num_clients:
+        return cfg
+    deadline = time.monotonic() + cfg.node_wait
+    while not (nodes := sorted(grid.get_node_ids())):
+        if time.monotonic() > deadline:
+            raise FederationError(f"no node connected within node-wait={cfg.node_wait:g} s (num-clients=0 follows them)")
+        time.sleep(poll)
+    sizes = {int(info["num-partitions"]) for info in _query(grid, nodes, cfg.node_wait).values()
+             if isinstance(info.get("num-partitions"), int)}
+    if len(sizes) != 1:
+        raise FederationError(
+            "set num-clients=N: num-clients=0 follows the num-partitions the nodes report (node config), "
+            f"and they report {'none' if not sizes else sorted(sizes)}"
+        )
+    (num,) = sizes
+    log(INFO, "num-clients=0: following the federation, %d clients", num)
+    return cfg.replace(num_clients=num)
 
 
 def check_partitions(cfg: RunConfig) -> None:
@@ -137,14 +171,23 @@ def resume(cfg: RunConfig, folder: Path, strategy: object) -> Checkpoint | None:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    cfg = RunConfig.from_mapping(dict(context.run_config))
+    try:
+        run(grid, RunConfig.from_mapping(dict(context.run_config)))
+    except FederationError as exc:
+        log(ERROR, "%s", exc)  # the fix first, before Flower's traceback
+        raise
+
+
+def run(grid: Grid, cfg: RunConfig) -> None:
+    """One run of ``cfg`` on the grid's federation: rounds, results, checkpoints, weights."""
+    cfg = follow_federation(grid, cfg)
     folder = (Path(cfg.results_dir) / cfg.folder_name()).resolve()
     log(INFO, "CELGC run: %s -> results in %s", cfg.task, folder)
     with claim_run_folder(folder, resume=cfg.resume):
-        run(grid, cfg, folder)
+        run_in_folder(grid, cfg, folder)
 
 
-def run(grid: Grid, cfg: RunConfig, folder: Path) -> None:
+def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path) -> None:
     """The run in its (claimed) folder: federation check, rounds, results rows, checkpoints, weights."""
     task = cached_task(cfg)
     device = pick_device(cfg.device)
@@ -166,14 +209,14 @@ def run(grid: Grid, cfg: RunConfig, folder: Path) -> None:
 
     def evaluate_fn(server_round: int, round_arrays: ArrayRecord) -> MetricRecord | None:
         t0 = time.monotonic()
-        epoch = strategy.epoch_at(server_round, cfg.num_clients)
+        epoch = strategy.epoch_at(server_round)
         row = round_row(server_round, epoch)
         if server_round > 0:
             failures = watched.take_failures()
             rejected = [f for f in strategy.last_failures if ": rejected, " in f]
             replies = int((strategy.last_round_metrics or {}).get("replies", 0))
             check_replies(server_round, replies, cfg.required_replies, [WatchedGrid.describe(failures), *rejected])
-            lr, clip = strategy.round_hparams(server_round, cfg.num_clients)
+            lr, clip = strategy.round_hparams(server_round)
             failed = sorted(failures, key=lambda k: (isinstance(k, str), k if isinstance(k, int) else 0, str(k)))
             reasons = [WatchedGrid.describe({k: v}) for k, v in failures.items()] + rejected
             metrics = dict(strategy.last_round_metrics or {})

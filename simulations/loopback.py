@@ -94,12 +94,12 @@ def run_server_app(server_app, grid: LoopbackGrid) -> None:
 
 
 def run_in_process(run_config: dict, num_nodes: int | None = None) -> None:
-    """Run this project's ServerApp with ``num_nodes`` (default: num-clients) ClientApps
+    """Run this project's ServerApp with ``num_nodes`` (default: num-clients, 8 for 0) ClientApps
     in this process; ``run_config`` holds run-config keys (missing ones take the defaults)."""
     from client.app import app as client_app
     from server.app import app as server_app
     from tasks.config import RunConfig
 
     cfg = {**RunConfig().to_mapping(), **run_config}
-    nodes = num_nodes or RunConfig.from_mapping(cfg).num_clients
+    nodes = num_nodes or RunConfig.from_mapping(cfg).with_clients(None).num_clients
     run_server_app(server_app, LoopbackGrid(client_app, cfg, nodes))

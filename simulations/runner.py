@@ -85,7 +85,7 @@ def run_experiment(values: dict[str, Any], backend: str = "flower", federation: 
     elif backend == "flower":
         from .flower import run_app
 
-        fed = {"num-supernodes": int(values.get("num-clients", RunConfig().num_clients)), **(federation or {})}
+        fed = {"num-supernodes": RunConfig.from_mapping(values).with_clients(None).num_clients, **(federation or {})}
         run = run_app(APP_DIR, run_config=values, federation_config=fed, timeout=timeout)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "flower.log").write_text(run.get("logs", ""))

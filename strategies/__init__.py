@@ -1,8 +1,11 @@
-"""Flower strategies of the paper and their pure math.
+"""Flower strategies of the paper, their client API and their pure math.
 
-``from strategies import CELGC`` gives the Flower strategy; the pure modules
-(``strategies.averaging``, ``strategies.schedule``, ``strategies.clipped_sgd``) import no flwr, so the fast engine can
-use them where Flower is not installed: the strategy classes are loaded on first access.
+``from strategies import CELGC`` gives the Flower strategy; ``strategies.clientapp`` is the
+client API for any ClientApp (round settings, I clipped steps, the reply). The pure modules
+(``strategies.averaging``, ``strategies.schedule``, ``strategies.clipped_sgd``,
+``strategies.local_update``) import no flwr, so the fast engine can use them where Flower
+is not installed: the strategy classes are loaded on first access. This package imports
+nothing else of the project: it is what the wheel installs.
 """
 
 from __future__ import annotations

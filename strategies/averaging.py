@@ -18,8 +18,15 @@ from torch import Tensor
 AGGREGATIONS = ("uniform", "examples")
 
 
-def client_weights(num_examples: Sequence[int], aggregation: str) -> list[float]:
-    """Normalised averaging weights for the replies of one round."""
+#: the end of ``check_state``'s reason for a non-finite tensor (a diverged client, not a malformed reply)
+NON_FINITE = "holds non-finite values"
+
+
+def client_weights(num_examples: Sequence[float], aggregation: str, key: str = "num-examples") -> list[float]:
+    """Normalised averaging weights for the replies of one round (``key``: the weights' name in errors).
+
+    The weights may be any real numbers >= 0 with a positive sum (examples, or a user's own
+    weights such as 0.25, 0.4, 0.35)."""
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}")
     if not num_examples:
@@ -28,7 +35,7 @@ def client_weights(num_examples: Sequence[int], aggregation: str) -> list[float]
         return [1.0 / len(num_examples)] * len(num_examples)
     total = float(sum(num_examples))
     if total <= 0 or any(n < 0 for n in num_examples):
-        raise ValueError(f"num-examples must be >= 0 with a positive sum, got {list(num_examples)}")
+        raise ValueError(f"{key} must be >= 0 with a positive sum, got {list(num_examples)}")
     return [n / total for n in num_examples]
 
 
@@ -78,7 +85,7 @@ def check_state(state: Mapping[str, Tensor], reference: Mapping[str, Tensor]) ->
         if value.dtype != ref.dtype:
             return f"{key} has dtype {value.dtype}, expected {ref.dtype}"
         if value.dtype.is_floating_point and not bool(torch.isfinite(value).all()):
-            return f"{key} holds non-finite values"
+            return f"{key} {NON_FINITE}"
     return None
 
 

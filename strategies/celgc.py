@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from flwr.app import MetricRecord, RecordDict
 
-from .averaging import average_states, check_state, state_nbytes
+from .averaging import average_states
 from .base import ClippedSGDStrategy
 from .client_metrics import aggregate_client_metrics
 
@@ -27,7 +27,10 @@ class CELGC(ClippedSGDStrategy):
     one global epoch = ``train_size`` samples processed summed over all clients.
 
     Replies whose arrays are non-finite or do not match the global model's keys, shapes
-    and dtypes are rejected (counted in the round's ``rejected-replies``), never averaged.
+    and dtypes are rejected (counted in the round's ``rejected-replies``), never averaged;
+    without a prior ``configure_train`` the replies are checked against the layout most of
+    them share. A reply is one ArrayRecord (any key) and one MetricRecord holding
+    ``weighted_by_key`` (default ``num-examples``, any real number >= 0).
     Floating-point buffers (BatchNorm statistics) are averaged; integer buffers keep
     their dtype (rounded mean).
 
@@ -49,20 +52,16 @@ class CELGC(ClippedSGDStrategy):
     def _summary_lines(self) -> list[str]:
         return [f"local steps I: {self.local_steps} | batch size: {self.batch_size}"]
 
-    def unpack(self, content: RecordDict) -> tuple[dict[str, torch.Tensor], MetricRecord, str | None]:
-        if len(content.array_records) != 1 or len(content.metric_records) != 1:
-            return {}, MetricRecord(), "expected exactly one ArrayRecord and one MetricRecord"
-        record = next(iter(content.metric_records.values()))
-        if "num-examples" not in record:
-            return {}, record, "metrics lack ['num-examples']"
+    def unpack(self, content: RecordDict) -> tuple[dict[str, torch.Tensor] | None, str | None]:
+        if len(content.array_records) != 1:
+            return None, f"expected exactly one ArrayRecord, got {len(content.array_records)}"
         try:
-            state = next(iter(content.array_records.values())).to_torch_state_dict()
+            return next(iter(content.array_records.values())).to_torch_state_dict(), None
         except Exception as exc:  # a malformed payload must not end the run
-            return {}, record, f"arrays could not be decoded ({exc})"
-        return state, record, check_state(state, self._global)
+            return None, f"arrays could not be decoded ({exc})"
 
-    def payload_bytes(self, payload: Any) -> int:
-        return state_nbytes(self._global)  # a reply carries one model
+    def payload_state(self, payload: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return payload
 
     def combine(self, server_round: int, payloads: list[dict[str, torch.Tensor]], weights: list[float],
                 metrics: list[MetricRecord]) -> tuple[dict[str, torch.Tensor], dict[str, float | int]]:

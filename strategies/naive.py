@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from flwr.app import MetricRecord, RecordDict
 
-from .averaging import average_states, check_state, state_nbytes
+from .averaging import average_states
 from .base import ClippedSGDStrategy
 from .client_metrics import aggregate_client_metrics
 from .clipped_sgd import StepConfig
@@ -57,6 +57,8 @@ class NaiveParallelClip(ClippedSGDStrategy):
         As for :class:`strategies.base.ClippedSGDStrategy`; there are no local steps (I = 1).
     """
 
+    needs_global = True  # the step is taken on the global parameters sent this round
+
     def __init__(self, lr: float, **kwargs: Any) -> None:
         if "local_steps" in kwargs:
             raise TypeError("NaiveParallelClip takes no local_steps: every round is one step (I = 1)")
@@ -76,30 +78,30 @@ class NaiveParallelClip(ClippedSGDStrategy):
         momentum = {k.removeprefix("momentum."): v for k, v in state.items() if k.startswith("momentum.")}
         self._momentum = momentum or None
 
-    def round_config(self, server_round: int, clients_per_round: int) -> dict[str, Any]:
+    def round_config(self, server_round: int, clients_per_round: int | None = None) -> dict[str, Any]:
         return {**super().round_config(server_round, clients_per_round), "mode": GRADIENT_MODE}
 
-    def unpack(self, content: RecordDict) -> tuple[tuple[dict, dict], MetricRecord, str | None]:
-        arrays, records = content.array_records, content.metric_records
-        record = next(iter(records.values()), MetricRecord())
-        if set(arrays) != {"grads", "buffers"} or len(records) != 1:
-            return ({}, {}), record, "expected ArrayRecords 'grads' and 'buffers' and one MetricRecord"
-        if "num-examples" not in record:
-            return ({}, {}), record, "metrics lack ['num-examples']"
+    def owned_keys(self) -> dict[str, str]:
+        return {**super().owned_keys(), "mode": "(the strategy's class)"}
+
+    def unpack(self, content: RecordDict) -> tuple[tuple[dict, dict] | None, str | None]:
+        arrays = content.array_records
+        if set(arrays) != {"grads", "buffers"}:
+            return None, f"expected ArrayRecords 'grads' and 'buffers', got {sorted(arrays)}"
         try:
             grad = arrays["grads"].to_torch_state_dict()
             buf = arrays["buffers"].to_torch_state_dict()
         except Exception as exc:  # a malformed payload must not end the run
-            return ({}, {}), record, f"arrays could not be decoded ({exc})"
+            return None, f"arrays could not be decoded ({exc})"
         if set(grad) & set(buf):
-            return (grad, buf), record, f"keys both in grads and buffers: {sorted(set(grad) & set(buf))}"
+            return (grad, buf), f"keys both in grads and buffers: {sorted(set(grad) & set(buf))}"
         if not grad:
-            return (grad, buf), record, "no gradients"
-        return (grad, buf), record, check_state({**grad, **buf}, self._global)
+            return (grad, buf), "no gradients"
+        return (grad, buf), None
 
-    def payload_bytes(self, payload: tuple[dict, dict]) -> int:
+    def payload_state(self, payload: tuple[dict, dict]) -> dict[str, torch.Tensor]:
         grad, buf = payload
-        return state_nbytes(grad) + state_nbytes(buf)
+        return {**grad, **buf}
 
     def combine(self, server_round: int, payloads: list[tuple[dict, dict]], weights: list[float],
                 metrics: list[MetricRecord]) -> tuple[dict[str, torch.Tensor], dict[str, float | int]]:
@@ -116,7 +118,7 @@ class NaiveParallelClip(ClippedSGDStrategy):
         self, server_round: int, grad: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], lr_scale: float = 1.0
     ) -> tuple[dict[str, torch.Tensor], dict[str, float | int]]:
         """x <- x - min(lr, clip/|g|)(g + wd x) on the global parameters; buffers replaced."""
-        lr, clip = self.round_hparams(server_round, self.clients_per_round())
+        lr, clip = self.round_hparams(server_round)
         step = StepConfig(lr=lr, clip=clip, weight_decay=self.weight_decay, momentum=self.momentum)
         params, self._momentum, stats = naive_server_step(self._global, grad, self._momentum, step, lr_scale)
         state = dict(self._global)

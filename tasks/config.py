@@ -29,6 +29,9 @@ DEVICES = ("auto", "cpu", "cuda")
 CLIENT_STATES = ("keep", "reset")
 TEXT_SPLITS = ("blocks", "contiguous")
 
+#: N where num-clients = 0 (follow the federation) meets no federation: the engine, the in-process grid
+DEFAULT_CLIENTS = 8
+
 
 def _key(name: str, doc: str, **kw: Any) -> Any:
     """A config field with its TOML key and one-line meaning (shown in the README)."""
@@ -41,7 +44,7 @@ class RunConfig:
 
     task: str = _key("task", "data set + model: digits (offline default), cifar10, ptb, wikitext2, shakespeare, or your own \"package.module:factory\"", default="digits")
     algorithm: str = _key("algorithm", "celgc, local-sgd (celgc with clip off) or naive (parallel clipping, 1 step a round)", default="celgc")
-    num_clients: int = _key("num-clients", "N, clients training every round", default=8)
+    num_clients: int = _key("num-clients", "N, clients training every round; 0: follow the federation (Flower's num-supernodes; 8 on the engine)", default=0)
     num_rounds: int = _key("num-rounds", "communication rounds", default=20)
     local_steps: int = _key("local-steps", "I, local steps between averagings", default=8)
     batch_size: int = _key("batch-size", "minibatch size per client and step", default=32)
@@ -108,6 +111,13 @@ class RunConfig:
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+    def with_clients(self, federation: int | None) -> RunConfig:
+        """num-clients resolved: a set value stays; 0 follows ``federation`` (the number of
+        partitions the nodes report), or ``DEFAULT_CLIENTS`` where there is none (None)."""
+        if self.num_clients:
+            return self
+        return self.replace(num_clients=federation if federation is not None else DEFAULT_CLIENTS)
 
     def folder_name(self) -> str:
         """The results sub-folder: ``run-name``, or <task>-<algorithm>-I<local-steps>-s<seed>-<time>."""
@@ -203,7 +213,7 @@ def _validate(c: RunConfig) -> None:
     one_of("client-state", c.client_state, CLIENT_STATES)
     one_of("text-split", c.text_split, TEXT_SPLITS)
     at_least("nonmono", c.nonmono, 1)
-    at_least("num-clients", c.num_clients, 1)
+    at_least("num-clients", c.num_clients, 0)
     at_least("num-rounds", c.num_rounds, 1)
     at_least("local-steps", c.local_steps, 1)
     at_least("batch-size", c.batch_size, 1)
@@ -214,7 +224,8 @@ def _validate(c: RunConfig) -> None:
     _check(not (c.resume and c.average_iterates), "resume=true with average-iterates=true is not supported: the running "
            "mean of the iterates is not checkpointed (resume with average-iterates=false, or run without resume)")
     _check(not c.resume or bool(c.run_name), "resume=true needs a fixed run-name (the folder holding the checkpoint)")
-    _check(c.min_replies <= c.num_clients, f"min-replies ({c.min_replies}) must be <= num-clients ({c.num_clients})")
+    _check(not c.num_clients or c.min_replies <= c.num_clients,
+           f"min-replies ({c.min_replies}) must be <= num-clients ({c.num_clients})")
     _check(math.isfinite(c.lr) and c.lr > 0, f"lr must be a finite number > 0, got {c.lr}")
     _check(c.clip > 0, f"clip must be > 0, or \"off\" to disable clipping, got {c.clip}")
     _check(math.isfinite(c.weight_decay) and c.weight_decay >= 0, f"weight-decay must be >= 0, got {c.weight_decay}")

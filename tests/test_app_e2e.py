@@ -4,6 +4,7 @@ The real ``flwr run`` path (SuperLink, Ray, subprocesses) is tested in test_flwr
 """
 
 import json
+import logging
 
 import pytest
 import torch
@@ -67,21 +68,38 @@ def test_schedule_and_clip_off_reach_the_clients(tmp_path):
     assert rows[-1]["clip-fraction"] == 0.0
 
 
-def test_federation_smaller_than_num_clients_fails_with_the_fix(tmp_path):
-    with pytest.raises(FederationError, match='num-partitions=2 but the run asks for num-clients=4.*num-supernodes=4'):
+def test_federation_smaller_than_num_clients_fails_with_the_fix_first(tmp_path, caplog):
+    with caplog.at_level(logging.ERROR, logger="flwr"), pytest.raises(FederationError) as err:
         run(tmp_path, num_nodes=2)
+    assert str(err.value).startswith('run with --federation-config "num-supernodes=4", or set num-clients=2')
+    assert "num-partitions=2 but the run asks for num-clients=4" in str(err.value)
+    assert caplog.records[0].getMessage() == str(err.value)  # logged before Flower's traceback
+
+
+def test_num_clients_zero_follows_the_federation(tmp_path):
+    folder, grid = run(tmp_path, num_nodes=2, **{"num-clients": 0, "num-rounds": 2})
+    header, rows = read_results(folder / "results.jsonl")
+    assert header["config"]["num-clients"] == 2 and rows[-1]["replies"] == 2
+    assert rows[-1]["global-epoch"] == pytest.approx(2 * 2 * 4 * 32 / header["train-size"])
+    assert len([m for m in grid.sent if m.metadata.message_type == "train"]) == 2 * 2
+
+
+def test_num_clients_zero_without_num_partitions_is_a_clear_error(tmp_path):
+    nodes = [{"partition-id": i} for i in range(2)]
+    with pytest.raises(FederationError, match="set num-clients=N: num-clients=0 follows the num-partitions"):
+        run(tmp_path, node_configs=nodes, **{"num-clients": 0})
 
 
 def test_too_few_nodes_fails_after_node_wait(tmp_path):
     nodes = [{"partition-id": i, "num-partitions": 4} for i in range(3)]
-    with pytest.raises(FederationError, match="only 3 of num-clients=4 nodes connected within node-wait=2 s"):
+    with pytest.raises(FederationError, match="num-supernodes=4.*only 3 of num-clients=4 nodes connected within node-wait=2 s"):
         run(tmp_path, node_configs=nodes)
 
 
 def test_more_nodes_than_clients_fails_naming_the_duplicate_partition(tmp_path):
     nodes = [{"partition-id": i % 4, "num-partitions": 4} for i in range(5)]
-    with pytest.raises(FederationError, match=r"nodes \d+ and \d+ both claim partition-id=0: every SuperNode needs "
-                                              r"its own --node-config"):
+    with pytest.raises(FederationError, match=r"give every SuperNode its own --node-config .*: nodes \d+ and \d+ "
+                                              r"both claim partition-id=0"):
         run(tmp_path, node_configs=nodes)
 
 

@@ -11,6 +11,7 @@ from flwr.common.config import parse_config_args
 
 import client.local_round as local_round
 from client.app import app as client_app
+from client.update import RoundSettings
 from loopback_grid import LoopbackGrid, run_server_app
 from server.app import app as server_app
 from server.app import initial_model
@@ -116,6 +117,6 @@ def test_single_machine_file_runs_and_is_plain_clipped_sgd(tmp_path):
     hp = {"local-steps": 4, "lr": cfg.lr, "clip": cfg.clip, "weight-decay": cfg.weight_decay, "momentum": 0.0,
           "batch-size": 16}
     for r in range(1, 4):
-        state, _ = local_round.train_round(cfg, 0, r, state, hp)
+        state, _ = local_round.train_round(cfg, 0, RoundSettings.from_config({**hp, "server-round": r}), state)
     fed = load_weights(folder / "model.pt")
     assert all(torch.equal(fed[k], state[k]) for k in state)

@@ -75,3 +75,13 @@ def test_flwr_run_carries_client_state_across_rounds(superlink, tmp_path):
     for key in flower:
         torch.testing.assert_close(flower[key], loops["keep"][key], rtol=0, atol=1e-6)
     assert not torch.allclose(flower["encoder.weight"], loops["reset"]["encoder.weight"], rtol=0, atol=1e-6)
+
+
+def test_flwr_run_with_flowers_default_federation_follows_it(superlink, tmp_path):
+    # no num-clients, no federation config: Flower's 2 SuperNodes, and num-clients=0 follows them
+    config = {"num-rounds": 2, "local-steps": 2, "results-dir": str(tmp_path), "run-name": "defaults"}
+    run = run_app(ROOT, config, None, timeout=240, superlink=superlink)
+    assert run["status"] == "finished:completed"
+    header, rows = read_results(tmp_path / "defaults" / "results.jsonl")
+    assert header["config"]["num-clients"] == 2 and rows[-1]["replies"] == 2
+    assert rows[-1]["test-accuracy"] > rows[0]["test-accuracy"]

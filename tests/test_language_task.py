@@ -11,7 +11,7 @@ import torch
 import client.local_round as client_round
 import tasks as local_round
 import tasks.language as language
-from client.update import StepConfig, clipped_sgd_step, local_update
+from client.update import RoundSettings, StepConfig, clipped_sgd_step, local_update
 from loopback_grid import run_in_process
 from server.results import read_results
 from tasks import load_task
@@ -164,8 +164,9 @@ def test_rounds_are_deterministic(tiny_ptb):
     model = load_task(cfg).build_model()
     state = model.state_dict()
     hp = {"local-steps": 2, "lr": 5.0, "clip": 0.5, "weight-decay": 0.0, "momentum": 0.0, "batch-size": 2}
-    a, ma = client_round.train_round(cfg, 0, 5, state, hp)
-    b, mb = client_round.train_round(cfg, 0, 5, state, hp)
+    settings = RoundSettings.from_config({**hp, "server-round": 5})
+    a, ma = client_round.train_round(cfg, 0, settings, state)
+    b, mb = client_round.train_round(cfg, 0, settings, state)
     assert ma == mb and all(torch.equal(a[k], b[k]) for k in a)
-    c, _ = client_round.train_round(cfg, 1, 5, state, hp)
+    c, _ = client_round.train_round(cfg, 1, settings, state)
     assert not torch.equal(a["encoder.weight"], c["encoder.weight"])

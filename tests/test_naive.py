@@ -12,15 +12,16 @@ import client.local_round as client_round
 import tasks as local_round
 import tasks.digits
 from client.app import app as client_app
-from tasks.sampling import round_batches
+from client.update import RoundSettings
 from loopback_grid import LoopbackGrid, run_server_app
 from server.app import app as server_app
 from server.app import build_strategy, initial_model
 from server.results import load_weights, read_results
-from tasks.config import RunConfig
 from strategies import NaiveParallelClip
 from strategies.clipped_sgd import StepConfig, clipped_sgd_step
 from tasks import load_task
+from tasks.config import RunConfig
+from tasks.sampling import round_batches
 
 
 class Reply:
@@ -122,7 +123,9 @@ def test_naive_takes_no_local_steps_and_server_picks_it():
 def test_gradient_round_returns_gradients_and_batchnorm_buffers():
     cfg = RunConfig.from_mapping({"num-clients": 2, "device": "cpu"})
     model = initial_model(load_task(cfg), 0)
-    grads, buffers, metrics = client_round.gradient_round(cfg, 1, 3, model.state_dict(), {"batch-size": 16})
+    settings = RoundSettings.from_config({"server-round": 3, "local-steps": 1, "batch-size": 16, "lr": 0.1, "clip": 1.0,
+                                          "weight-decay": 0.0, "momentum": 0.0, "mode": "gradient"})
+    grads, buffers, metrics = client_round.gradient_round(cfg, 1, settings, model.state_dict())
     assert set(grads) == {k for k, _ in model.named_parameters()}
     assert set(buffers) == set(model.state_dict()) - set(grads)
     assert not torch.equal(buffers["features.1.running_mean"], model.state_dict()["features.1.running_mean"])
@@ -196,3 +199,11 @@ def test_naive_with_batchnorm_through_the_server_app(tmp_path):
     assert len(train) == 3 * 12 and all(m.content["config"]["mode"] == "gradient" for m in train)
     state = load_weights(tmp_path / "bn" / "model.pt")
     assert state["features.1.num_batches_tracked"].item() == 12  # one forward pass a round
+
+
+def test_naive_replies_without_configure_train_stop_the_round_naming_it():
+    from flwr.serverapp.exception import InconsistentMessageReplies
+
+    s = NaiveParallelClip(lr=0.5, clip=1.0, batch_size=4, num_clients=2)
+    with pytest.raises(InconsistentMessageReplies, match="configure_train must run first"):
+        s.aggregate_train(1, [grad_reply({"w": torch.ones(2)}), grad_reply({"w": torch.ones(2)})])

@@ -269,6 +269,7 @@ def run_engine(cfg: RunConfig, options: EngineOptions | None = None, *, task: Ta
                show_progress: bool = True) -> EngineResult:
     """Run ``cfg`` with the engine; returns the final global state (on every process)."""
     options = options or EngineOptions()
+    cfg = cfg.with_clients(None)  # no federation to follow: num-clients = 0 runs DEFAULT_CLIENTS
     own_world = world is None
     if world is None:
         world = init_world(pick_device(cfg.device).type)
