@@ -15,6 +15,7 @@ import tasks
 import tasks.language as language
 from client.app import app as client_app
 from client.app import state_key
+from client.update import RoundSettings
 from loopback_grid import LoopbackGrid, run_server_app
 from server.app import app as server_app
 from server.results import load_weights, read_results
@@ -45,16 +46,18 @@ def values(tmp_path, **kw):
             "weight-decay": 1.2e-6, "node-wait": 2.0, "results-dir": str(tmp_path / "res"), **kw}
 
 
-def hp(cfg, steps):
-    return {"local-steps": steps, "lr": cfg.lr, "clip": cfg.clip, "weight-decay": cfg.weight_decay,
-            "momentum": 0.0, "batch-size": cfg.batch_size}
+def hp(cfg, steps, server_round):
+    """The round's settings as the strategy sends them."""
+    return RoundSettings.from_config({"server-round": server_round, "local-steps": steps, "lr": cfg.lr,
+                                      "clip": cfg.clip, "weight-decay": cfg.weight_decay, "momentum": 0.0,
+                                      "batch-size": cfg.batch_size})
 
 
 def rounds(cfg, start, r, steps, keep=True):
     """r rounds of ``steps`` local steps of client 0 (N = 1: the global model is its model)."""
     state, client_state = start, ({} if keep else None)
     for k in range(1, r + 1):
-        state, metrics = client_round.train_round(cfg, 0, k, state, hp(cfg, steps), client_state=client_state)
+        state, metrics = client_round.train_round(cfg, 0, hp(cfg, steps, k), state, client_state=client_state)
     return state, client_state, metrics
 
 
@@ -109,8 +112,8 @@ def test_a_restarted_client_starts_from_zero(tiny_ptb):
     state, kept, _ = rounds(cfg, start, 2, 3)
     before = int(kept["position"])
     fresh: dict = {}
-    fresh_round, _ = client_round.train_round(cfg, 0, 3, state, hp(cfg, 3), client_state=fresh)
-    kept_round, _ = client_round.train_round(cfg, 0, 3, state, hp(cfg, 3), client_state=kept)
+    fresh_round, _ = client_round.train_round(cfg, 0, hp(cfg, 3, 3), state, client_state=fresh)
+    kept_round, _ = client_round.train_round(cfg, 0, hp(cfg, 3, 3), state, client_state=kept)
     assert int(fresh["position"]) < before < int(kept["position"])  # the restarted one: back at the start
     assert not torch.equal(fresh_round["encoder.weight"], kept_round["encoder.weight"])
 
