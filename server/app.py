@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
+from typing import Any
 
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
@@ -16,6 +18,7 @@ from strategies.naive import NaiveParallelClip
 from tasks import cached_task, initial_model, partitions
 from tasks.config import RunConfig
 from tasks.device import pick_device
+from tasks.protocol import counts_rows, reply_limits
 
 from .checkpoint import Checkpoint, restore_strategy, resume_point, save_checkpoint, strategy_state
 from .evaluation import Evaluator
@@ -37,13 +40,15 @@ def strategy_metrics_only(records: list[RecordDict], weighted_by_key: str) -> Me
     return MetricRecord()
 
 
-def build_strategy(cfg: RunConfig, train_size: int) -> CELGC:
+def build_strategy(cfg: RunConfig, train_size: int, **reply_checks: Any) -> CELGC:
     """The strategy named by ``algorithm`` with every setting from the config.
 
     celgc and local-sgd (celgc with clip off) -> CELGC; naive -> NaiveParallelClip (a
     CELGC subclass: one step a round, clients send gradients, the server clips).
+    ``reply_checks``: ``verify_examples``, ``bound_keys``, ``max_lr_scale`` (``reply_checks``).
     """
     common = dict(
+        **reply_checks,
         lr=cfg.lr, clip=cfg.clip, batch_size=cfg.batch_size,
         weight_decay=cfg.weight_decay, momentum=cfg.momentum, lr_decay=cfg.lr_decay,
         lr_milestones=cfg.lr_milestones, train_size=train_size, aggregation=cfg.aggregation,
@@ -55,6 +60,15 @@ def build_strategy(cfg: RunConfig, train_size: int) -> CELGC:
     if cfg.algorithm == "naive":
         return NaiveParallelClip(**common)
     return CELGC(local_steps=cfg.local_steps, **common)
+
+
+def reply_checks(task: object, model: torch.nn.Module) -> dict[str, Any]:
+    """What the server checks in every reply beyond its structure: the example count (the
+    server knows it: local-steps x batch-size rows), the clipping bound on the trainable
+    parameters, the task's largest lr scale (``strategies.bound``, docs/DEPLOY.md)."""
+    return {"verify_examples": counts_rows(task),
+            "bound_keys": [k for k, p in model.named_parameters() if p.requires_grad],
+            "max_lr_scale": reply_limits(task)}
 
 
 def wait_for_federation(grid: Grid, cfg: RunConfig, poll: float = 0.5,
@@ -194,7 +208,7 @@ def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path) -> None:
     check_partitions(cfg)
     model = initial_model(task, cfg.seed).to(device)
     arrays = ArrayRecord(model.state_dict())
-    strategy = build_strategy(cfg, task.train_size)
+    strategy = build_strategy(cfg, task.train_size, **reply_checks(task, model))
     ckpt = resume(cfg, folder, strategy)
     done = ckpt.round if ckpt else 0
     if ckpt:

@@ -30,6 +30,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords, samp
 from flwr.supercore import log
 
 from .averaging import AGGREGATIONS, NON_FINITE, check_state, client_weights, state_nbytes
+from .replies import parse_metrics
 from .schedule import global_epoch, scheduled
 
 #: round-config key -> the strategy argument that sets it (a caller's train_config may not set these)
@@ -78,6 +79,17 @@ class ClippedSGDStrategy(FedAvg):
         Clients sampled per round: exactly ``num_clients`` once that many nodes are
         connected (at least ``min_train_nodes``, which defaults to ``num_clients``: the
         round waits for them). None: FedAvg's ``fraction_train`` sampling.
+    verify_examples : bool (default: False)
+        Reject a reply whose ``num-examples`` is not ``local_steps * batch_size`` (what a
+        client that counts a batch's rows processes): the server does not trust a client's
+        count. Off for clients that count examples otherwise.
+    bound_keys : sequence of str, optional
+        Names of the trainable parameters: reject a reply that moved them farther from the
+        global model than ``local_steps`` clipped steps can (``strategies.bound``; off where
+        no bound holds: momentum > 0 or clip = inf).
+    max_lr_scale : float (default: 1.0)
+        The largest per-step lr scale an honest client uses (batches' ``lr_scale``);
+        ``math.inf`` turns the clipping-bound filter off.
     **fedavg_kwargs
         Passed to ``FedAvg``: ``fraction_train``, ``fraction_evaluate``, ``min_train_nodes``,
         ``min_evaluate_nodes``, ``min_available_nodes``, ``weighted_by_key`` (default
@@ -107,6 +119,9 @@ class ClippedSGDStrategy(FedAvg):
         train_size: int | None = None,
         aggregation: str = "uniform",
         num_clients: int | None = None,
+        verify_examples: bool = False,
+        bound_keys: Sequence[str] | None = None,
+        max_lr_scale: float = 1.0,
         **fedavg_kwargs: Any,
     ) -> None:
         if num_clients is not None:
@@ -126,6 +141,7 @@ class ClippedSGDStrategy(FedAvg):
             (not lr_milestones or train_size is not None, "lr_milestones are global epochs: pass train_size too"),
             (train_size is None or train_size >= 1, f"train_size must be >= 1, got {train_size!r}"),
             (list(lr_milestones) == sorted(lr_milestones), f"lr_milestones must be increasing, got {list(lr_milestones)}"),
+            (max_lr_scale >= 1, f"max_lr_scale must be >= 1 (math.inf: no bound), got {max_lr_scale!r}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -140,6 +156,9 @@ class ClippedSGDStrategy(FedAvg):
         self.train_size = train_size
         self.aggregation = aggregation
         self.num_clients = num_clients
+        self.verify_examples = verify_examples
+        self.bound_keys = list(bound_keys) if bound_keys is not None else None
+        self.max_lr_scale = float(max_lr_scale)
         self._global: dict[str, torch.Tensor] = {}
         self._sent: dict[int, int] = {}  # round -> number of train messages sent (clients sampled)
         self._warned_foreign = False
@@ -274,8 +293,21 @@ class ClippedSGDStrategy(FedAvg):
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not (math.isfinite(weight) and weight >= 0):
             return ReadReply(node, content, metrics=metrics,
                              reason=f"{self.weighted_by_key} must be a finite number >= 0, got {weight!r}")
+        _, reason = parse_metrics(metrics)
+        if reason is None and self.verify_examples and "num-examples" in metrics:
+            expected = self.local_steps * self.batch_size
+            if metrics["num-examples"] != expected:
+                reason = (f"num-examples {metrics['num-examples']!r} is not the {expected} examples of "
+                          f"{self.local_steps} step(s) of batch size {self.batch_size}")
+        if reason is not None:
+            return ReadReply(node, content, metrics=metrics, reason=reason)
         payload, reason = self.unpack(content)
         return ReadReply(node, content, payload=payload, metrics=metrics, weight=float(weight), reason=reason)
+
+    def check_payload(self, server_round: int, payload: Any, metrics: MetricRecord) -> str | None:
+        """Why a structurally sound reply cannot come from an honest client this round, or
+        None (subclasses: the clipping bound, naive's lr-scale); needs the round's global model."""
+        return None
 
     def reference(self, read: list[ReadReply]) -> dict[str, torch.Tensor] | None:
         """What replies are checked against: the global model sent this round, or without
@@ -306,6 +338,8 @@ class ClippedSGDStrategy(FedAvg):
             if r.reason is None:
                 r.reason = (check_state(self.payload_state(r.payload), ref) if ref is not None else
                             "no global model for this round: configure_train must run first")
+            if r.reason is None and self._global:
+                r.reason = self.check_payload(server_round, r.payload, r.metrics)
         sound = [r for r in read if r.reason is None]
         rejected = [r for r in read if r.reason is not None]
         for r in rejected:

@@ -9,6 +9,7 @@ from flwr.app import MetricRecord, RecordDict
 
 from .averaging import average_states
 from .base import ClippedSGDStrategy
+from .bound import check_displacement
 from .client_metrics import aggregate_client_metrics
 
 
@@ -62,6 +63,16 @@ class CELGC(ClippedSGDStrategy):
 
     def payload_state(self, payload: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return payload
+
+    def check_payload(self, server_round: int, payload: dict[str, torch.Tensor], metrics: MetricRecord) -> str | None:
+        """The clipping bound: I clipped steps move the trainable parameters at most
+        ``max_displacement`` (I * clip with lr scale 1, no weight decay)."""
+        if self.bound_keys is None:
+            return None
+        lr, clip = self.round_hparams(server_round)
+        return check_displacement(payload, self._global, self.bound_keys, local_steps=self.local_steps, lr=lr,
+                                  clip=clip, weight_decay=self.weight_decay, momentum=self.momentum,
+                                  max_lr_scale=self.max_lr_scale)
 
     def combine(self, server_round: int, payloads: list[dict[str, torch.Tensor]], weights: list[float],
                 metrics: list[MetricRecord]) -> tuple[dict[str, torch.Tensor], dict[str, float | int]]:

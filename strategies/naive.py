@@ -103,6 +103,17 @@ class NaiveParallelClip(ClippedSGDStrategy):
         grad, buf = payload
         return {**grad, **buf}
 
+    def check_payload(self, server_round: int, payload: tuple[dict, dict], metrics: MetricRecord) -> str | None:
+        """The gradients must name exactly the trainable parameters (when known) and the
+        reported ``lr-scale`` lie in (0, max_lr_scale]: it scales the server's step."""
+        grad, _ = payload
+        if self.bound_keys is not None and sorted(grad) != sorted(self.bound_keys):
+            return f"gradients of {sorted(set(grad) ^ set(self.bound_keys))} do not match the trainable parameters"
+        scale = metrics.get("lr-scale", 1.0) if metrics is not None else 1.0
+        if not (0 < float(scale) <= self.max_lr_scale):
+            return f"lr-scale must be in (0, {self.max_lr_scale:g}], got {scale!r}"
+        return None
+
     def combine(self, server_round: int, payloads: list[tuple[dict, dict]], weights: list[float],
                 metrics: list[MetricRecord]) -> tuple[dict[str, torch.Tensor], dict[str, float | int]]:
         """Average the gradients and buffers; take one clipped step on the global parameters."""

@@ -26,6 +26,8 @@ class ClassificationTask:
     uint8 images and normalises per batch: 4x less memory than float copies).
     """
 
+    max_lr_scale = 1.0  # batches carry no lr_scale: every step at the scheduled lr and clip
+
     name: str
     train_x: Tensor
     train_y: Tensor

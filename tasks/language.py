@@ -195,6 +195,7 @@ class LanguageModelTask:
     eval_batch_size: int = EVAL_BATCH_SIZE
     regions: int = 1  # > 1: text-split contiguous, a client's part is its regions in rotation order
     stateful = True  # clients may carry (hidden state, position, pass) across rounds
+    counts_rows = True  # count_examples: a window's rows, batch-size of them (the server checks num-examples)
     _device_cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -273,6 +274,13 @@ class LanguageModelTask:
     def loss(self, model: nn.Module, batch: LMBatch) -> Tensor:
         """Cross-entropy + AR + TAR of one window (the training loss)."""
         return self.loss_terms(model, batch)[0]
+
+    @property
+    def max_lr_scale(self) -> float:
+        """The largest ``lr_scale`` an honest client uses, for the server's reply filter:
+        seq_len = base + 5 z with z ~ N(0, 1) (``sample_seq_len``); a 20-sigma draw (probability
+        below 1e-88 a step) bounds it: (bptt + 100) / bptt."""
+        return (self.bptt + 20 * 5.0) / self.bptt
 
     @staticmethod
     def count_examples(batch: LMBatch) -> int:

@@ -43,6 +43,10 @@ Optional
 * ``count_examples(batch)`` -- examples in a batch (default: ``len(batch[0])``);
 * a batch may carry ``lr_scale`` -- multiplies that step's lr and clip (e.g. AWD-LSTM's
   seq_len / bptt);
+* ``max_lr_scale`` -- the largest ``lr_scale`` its batches carry (1.0 when they carry
+  none); the server's clipping-bound reply filter needs it and is off for a task without
+  it. ``counts_rows = True`` says ``count_examples`` counts a batch's rows (batch-size of
+  them), so the server can verify a reply's ``num-examples``;
 * ``loss_terms(model, batch) -> (loss, cross-entropy)`` when the training loss adds
   regularisers (reported apart as ``train-ce``);
 * ``evaluate_train(model, device)`` -- metrics of the whole training set (``eval-train``,
@@ -147,6 +151,18 @@ def default_count(batch: Any) -> int:
 def example_counter(task: object) -> Callable[[Any], int]:
     """The task's ``count_examples`` or ``default_count``."""
     return getattr(task, "count_examples", None) or default_count
+
+
+def counts_rows(task: object) -> bool:
+    """True when a batch's example count is its rows (``batch-size``): the default count, or a
+    task that says so (``counts_rows = True``)."""
+    return example_counter(task) is default_count or bool(getattr(task, "counts_rows", False))
+
+
+def reply_limits(task: object) -> float:
+    """The task's ``max_lr_scale`` for the server's reply filter (inf: unknown, filter off)."""
+    value = getattr(task, "max_lr_scale", None)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float("inf")
 
 
 def batch_lr_scale(batch: object) -> float | None:

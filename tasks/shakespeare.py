@@ -70,6 +70,8 @@ class CharLSTM(nn.Module):
 class ShakespeareTask:
     """The M selected roles: one flat character stream, each client a range of window starts."""
 
+    max_lr_scale = 1.0  # batches carry no lr_scale: every step at the scheduled lr and clip
+
     stream: Tensor  # uint8 class ids of the clients' texts, back to back
     train_parts: tuple[np.ndarray, ...]  # per client: starts of its training windows
     test_starts: np.ndarray  # starts of every test window of the M clients
