@@ -91,6 +91,7 @@ def train(msg: Message, context: Context) -> Message:
     state = next(iter(msg.content.array_records.values())).to_torch_state_dict()
     client_state = load_client_state(context, cfg, pid, local.task if local else cached_task(cfg))
     extra = {"partition-id": pid} if not local or local.partition_id is not None else {}
+    extra["server-round"] = settings.server_round  # echoed: the server rejects a reply to another round
     if settings.mode == GRADIENT_MODE:  # naive parallel clipping: the gradient, not a local update
         grads, buffers, metrics = gradient_round(cfg, pid, settings, state, data, client_state)
         keep_client_state(context, pid, client_state)

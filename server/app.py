@@ -20,7 +20,7 @@ from tasks.config import RunConfig
 from tasks.device import pick_device
 from tasks.protocol import counts_rows, reply_limits
 
-from .checkpoint import Checkpoint, restore_strategy, resume_point, save_checkpoint, strategy_state
+from .checkpoint import Checkpoint, refuse_non_finite, restore_strategy, resume_point, save_checkpoint, strategy_state
 from .evaluation import Evaluator
 from .faults import WatchedGrid
 from .results import ResultsWriter, RunClock, check_replies, round_row, save_weights
@@ -227,7 +227,7 @@ def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path) -> None:
         row = round_row(server_round, epoch)
         if server_round > 0:
             failures = watched.take_failures()
-            rejected = [f for f in strategy.last_failures if ": rejected, " in f]
+            rejected = [watched.relabel(f) for f in strategy.last_failures if ": rejected, " in f]
             replies = int((strategy.last_round_metrics or {}).get("replies", 0))
             check_replies(server_round, replies, cfg.required_replies, [WatchedGrid.describe(failures), *rejected])
             lr, clip = strategy.round_hparams(server_round)
@@ -245,6 +245,8 @@ def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path) -> None:
         clock.exclude(time.monotonic() - t0)
         row["wall-clock"] = clock.now()
         writer.row(row)
+        if server_round > 0:
+            refuse_non_finite(round_arrays.to_torch_state_dict(), server_round)
         if cfg.checkpoints(server_round):
             save_checkpoint(folder, Checkpoint(
                 round=server_round, arrays=round_arrays.to_torch_state_dict(), strategy_state=strategy_state(strategy),

@@ -66,6 +66,16 @@ def checkpoint_path(folder: str | Path) -> Path:
     return Path(folder) / FILENAME
 
 
+def refuse_non_finite(state: Mapping[str, torch.Tensor], server_round: int) -> None:
+    """Raise CheckpointError when the global model is not finite: such a model is never
+    checkpointed (resume could not recover from it); the last checkpoint stays."""
+    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise CheckpointError(f"round {server_round}: the global model is not finite ({', '.join(bad[:5])}"
+                              f"{', ...' if len(bad) > 5 else ''}); it is not checkpointed and the run stops: "
+                              f"the last checkpoint holds the last finite model")
+
+
 def save_checkpoint(folder: str | Path, ckpt: Checkpoint) -> Path:
     """Write ``ckpt`` to ``folder/checkpoint.pt`` atomically; returns the path."""
     folder = Path(folder)

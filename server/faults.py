@@ -209,6 +209,13 @@ class WatchedGrid(Grid):
         out, self._failures, self._answered = self._failures, {}, set()
         return out
 
+    def relabel(self, line: str) -> str:
+        """A strategy's "node <id>: ..." line with the node named by its partition when known."""
+        head, sep, rest = line.partition(": ")
+        if sep and head.startswith("node ") and head[5:].isdigit():
+            return f"{_name(self.label(int(head[5:])))}: {rest}"
+        return line
+
     @staticmethod
     def describe(failures: dict[int | str, str]) -> str:
         return "; ".join(f"{_name(k)}: {reason}" for k, reason in failures.items())

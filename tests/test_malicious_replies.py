@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 from deploy_support import DEPLOY_CONFIG, FaultyGrid, assert_same_weights
 from flwr.app import ArrayRecord, MetricRecord
 
@@ -53,19 +54,59 @@ def set_arrays(fn):
     return tamper
 
 
-# case -> (tamper, the reason recorded for the rejected reply)
+def replace_arrays(fn):
+    def tamper(reply):
+        key = next(iter(reply.content.array_records))
+        state = reply.content[key].to_torch_state_dict()
+        reply.content[key] = ArrayRecord(fn(state))
+    return tamper
+
+
+def first_param(fn):
+    return replace_arrays(lambda st: {k: (fn(v) if i == 0 else v) for i, (k, v) in enumerate(st.items())})
+
+
+# case -> (tamper, the reason recorded for the rejected reply); CELGC, I = 2, 3 clients
 CASES = {
+    "num-examples NaN": (set_metric("num-examples", math.nan), "num-examples must be a finite number >= 0, got nan"),
+    "num-examples a list": (set_metric("num-examples", [1.0, 2.0]), "num-examples must be a finite number >= 0"),
+    "num-examples negative": (set_metric("num-examples", -5), "num-examples must be a finite number >= 0, got -5"),
+    "num-examples 1e15": (set_metric("num-examples", 10**15), "num-examples 1000000000000000 is not the 32 examples"),
+    "num-steps inf": (set_metric("num-steps", math.inf), "num-steps must be finite, got inf"),
+    "skipped-steps NaN": (set_metric("skipped-steps", math.nan), "skipped-steps must not be NaN"),
+    "train-loss a list": (set_metric("train-loss", [0.1, 0.2]), "train-loss must be a number, got list"),
+    "clip-fraction 7": (set_metric("clip-fraction", 7.0), "clip-fraction must be in [0, 1], got 7"),
+    "huge arrays 1e30": (first_param(lambda v: torch.full_like(v, 1e30)), "more than the"),
+    "finite poison 1e3 off": (first_param(lambda v: v + 1e3), "more than the"),
+    "non-finite arrays": (first_param(lambda v: torch.full_like(v, math.nan)), "non-finite"),
+    "wrong shape": (first_param(lambda v: v.flatten()[:3].clone()), "shape"),
+    "wrong dtype": (first_param(lambda v: v.double()), "dtype"),
+    "missing key": (replace_arrays(lambda st: dict(list(st.items())[1:])), "keys"),
+    "two MetricRecords": (lambda r: r.content.__setitem__("extra", MetricRecord({"x": 1.0})),
+                          "expected exactly one MetricRecord, got 2"),
     "spoofed partition-id": (set_metric("partition-id", 0), "spoofed partition-id 0 (the node holds partition 1)"),
     "stale round": (set_metric("server-round", BAD_ROUND - 1), "stale reply: server-round 1 in a reply to round 2"),
 }
 
+# naive parallel clipping (one step a round, gradients up)
+NAIVE = {"algorithm": "naive", "local-steps": 1}
+NAIVE_CASES = {
+    "lr-scale NaN": (set_metric("lr-scale", math.nan), "lr-scale must not be NaN"),
+    "lr-scale 1e6": (set_metric("lr-scale", 1e6), "lr-scale must be in (0, 1], got 1000000.0"),
+    "lr-scale 0": (set_metric("lr-scale", 0.0), "lr-scale must be in (0, 1], got 0.0"),
+    "non-finite gradient": (lambda r: r.content.__setitem__("grads", ArrayRecord(
+        {k: torch.full_like(v, math.inf) for k, v in r.content["grads"].to_torch_state_dict().items()})), "non-finite"),
+    "gradient of a buffer only": (lambda r: r.content.__setitem__("grads", ArrayRecord(
+        dict(list(r.content["grads"].to_torch_state_dict().items())[:1]))), "keys"),
+}
 
-def run(folder, name, grid_cls, **kw):
-    return run_grid(folder, name, grid_cls, **kw)[0]
+
+def run(folder, name, grid_cls, config=None, **kw):
+    return run_grid(folder, name, grid_cls, config, **kw)[0]
 
 
-def run_grid(folder, name, grid_cls, **kw):
-    values = {**RunConfig().to_mapping(), **CONFIG, "results-dir": str(folder), "run-name": name}
+def run_grid(folder, name, grid_cls, config=None, **kw):
+    values = {**RunConfig().to_mapping(), **CONFIG, **(config or {}), "results-dir": str(folder), "run-name": name}
     grid = grid_cls(client_app, values, 3, **kw)
     run_server_app(server_app, grid)
     return folder / name, grid
@@ -77,10 +118,24 @@ def failed_reference(tmp_path_factory):
     return run(tmp_path_factory.mktemp("ref"), "ref", FaultyGrid, failures={BAD_PARTITION: {BAD_ROUND}})
 
 
+@pytest.fixture(scope="module")
+def failed_naive_reference(tmp_path_factory):
+    return run(tmp_path_factory.mktemp("ref"), "ref", FaultyGrid, NAIVE, failures={BAD_PARTITION: {BAD_ROUND}})
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_malicious_reply_is_rejected_and_the_run_equals_a_failed_client(case, tmp_path, failed_reference):
-    tamper, reason = CASES[case]
-    folder = run(tmp_path, "run", TamperingGrid, tamper=tamper)
+    check_case(tmp_path, *CASES[case], failed_reference)
+
+
+@pytest.mark.parametrize("case", sorted(NAIVE_CASES))
+def test_a_malicious_naive_reply_is_rejected_and_the_run_equals_a_failed_client(case, tmp_path,
+                                                                              failed_naive_reference):
+    check_case(tmp_path, *NAIVE_CASES[case], failed_naive_reference, NAIVE)
+
+
+def check_case(tmp_path, tamper, reason, reference, config=None):
+    folder = run(tmp_path, "run", TamperingGrid, config, tamper=tamper)
     _, rows = read_results(folder / "results.jsonl")
     assert [r["round"] for r in rows] == [0, 1, 2]
     bad = rows[BAD_ROUND]
@@ -89,7 +144,7 @@ def test_a_malicious_reply_is_rejected_and_the_run_equals_a_failed_client(case, 
         bad["failures"]
     assert rows[1]["replies"] == 3 and rows[1]["rejected-replies"] == 0
     assert math.isfinite(bad["test-loss"])
-    assert_same_weights(folder, failed_reference)
+    assert_same_weights(folder, reference)
 
 
 class LateStranger(FaultyGrid):

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from client.update import StepConfig, grad_norm
-from server.checkpoint import Checkpoint, CheckpointError, resume_point, save_checkpoint
+from server.checkpoint import Checkpoint, CheckpointError, refuse_non_finite, resume_point, save_checkpoint
 from server.evaluation import Evaluator
 from server.results import ResultsWriter, RunClock, check_replies, round_row, save_weights
 from server.run_folder import claim_run_folder
@@ -336,6 +336,8 @@ def _rounds(cfg: RunConfig, options: EngineOptions, world: World, task: Any, par
             rows.append(row)
             if writer is not None:
                 writer.row(row)
+                if server_round > 0:
+                    refuse_non_finite(engine.state, server_round)
                 if cfg.checkpoints(server_round):
                     engine.checkpoint(folder, server_round, row["wall-clock"])
             progress.update(row)
