@@ -41,12 +41,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from client.update import StepConfig, clipped_sgd_step  # noqa: E402
-from tasks.config import RunConfig  # noqa: E402
 from simulations.engine import Engine, EngineOptions  # noqa: E402
 from simulations.engine.distributed import World  # noqa: E402
 from simulations.engine.run import round_hparams  # noqa: E402
-from tasks.partition import partition  # noqa: E402
 from tasks import initial_model  # noqa: E402
+from tasks.config import RunConfig  # noqa: E402
+from tasks.partition import partition  # noqa: E402
 
 CIFAR_TRAIN = 50_000
 PTB_TOKENS = 929_589

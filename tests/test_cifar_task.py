@@ -12,9 +12,9 @@ import tasks as local_round
 import tasks.cifar_task as cifar_task
 from loopback_grid import run_in_process
 from server.results import read_results
-from tasks.config import RunConfig
 from tasks import load_task
 from tasks.cifar import BATCHES_DIR, CIFAR10_MEAN, CIFAR10_STD, TEST_BATCH, TRAIN_BATCHES
+from tasks.config import RunConfig
 
 
 def fake_cifar(root, n=8):

@@ -11,18 +11,18 @@ import pytest
 import torch
 from torch import nn
 
-from tasks.sampling import round_batches
 from client.update import RoundStats, StepConfig, clipped_sgd_step, local_update
-from tasks.config import RunConfig
 from simulations.engine import EngineOptions, aggregate, run_engine
 from simulations.engine.aggregate import ClientMetrics, average_round
 from simulations.engine.distributed import World
 from simulations.engine.sequential import SequentialClients
 from simulations.engine.vectorised import VmapClients
-from tasks.partition import partition
 from strategies.averaging import average_states, client_weights
 from tasks.classification import ClassificationTask
+from tasks.config import RunConfig
 from tasks.digits import DigitsCNN, digits_task
+from tasks.partition import partition
+from tasks.sampling import round_batches
 
 N, STEPS, B = 4, 3, 16
 WEIGHTS = (0.1, 0.5, 1.0, 3.0)  # loss weights: very different gradient norms -> per-client clipping differs

@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from tasks.config import RunConfig
 from simulations.engine import EngineOptions, run_engine
-from tasks.partition import partition
+from tasks.config import RunConfig
 from tasks.digits import DigitsCNN, digits_task
+from tasks.partition import partition
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (GPU paths of the engine)")
 

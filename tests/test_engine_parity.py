@@ -26,11 +26,11 @@ from client.app import app as client_app  # noqa: E402
 from loopback_grid import LoopbackGrid, run_server_app  # noqa: E402
 from server.app import app as server_app  # noqa: E402
 from server.results import load_weights, read_results  # noqa: E402
-from tasks.config import RunConfig  # noqa: E402
 from simulations.engine import EngineOptions, run_engine  # noqa: E402
 from tasks import (
     load_task,  # noqa: E402
 )
+from tasks.config import RunConfig  # noqa: E402
 from tasks.digits import DigitsCNN  # noqa: E402
 
 BASE = {"num-clients": 4, "num-rounds": 2, "batch-size": 16, "device": "cpu", "node-wait": 2.0}
