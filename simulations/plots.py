@@ -12,6 +12,9 @@ config. For every group:
 ``<group>-<metric>.png``
     Test accuracy (images) or validation perplexity (text) against global epochs and
     against wall-clock seconds.
+``<group>-<metric>-communication.png``
+    The same metric against communication rounds and against the bytes communicated so
+    far (sent + received: both directions, every exchange of a round).
 ``<group>-clipping.png``
     Fraction of steps that were clipped, per global epoch.
 ``<group>-rounds-to-target.png``
@@ -119,6 +122,32 @@ def plot_group(group: str, runs: Sequence[Run], out: Path, target: float | None 
         metric.append((r.label, [float(row["global-epoch"]) for row, _ in series], [v for _, v in series],
                        [float(row.get("wall-clock", 0) or 0) for row, _ in series]))
     two_panels(key, metric_title, metric, log_y=key.endswith("perplexity"))
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for r in runs:
+        rounds, values, traffic, total = [], [], [], 0
+        for row in r.rows:
+            total += int(row.get("bytes-sent", 0) or 0) + int(row.get("bytes-received", 0) or 0)
+            value = row.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                rounds.append(int(row.get("communication-rounds", row.get("round", 0))))
+                values.append(float(value))
+                traffic.append(total / 1e6)
+        axes[0].plot(rounds, values, label=r.label)
+        axes[1].plot(traffic, values, label=r.label)
+    for ax, xlabel in zip(axes, ("communication rounds", "MB communicated (sent + received)"), strict=True):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(metric_title)
+        ax.grid(alpha=0.3)
+        if key.endswith("perplexity"):
+            ax.set_yscale("log")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{group}: {metric_title} per round and per byte")
+    fig.tight_layout()
+    path = out / f"{_slug(group)}-{key}-communication.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    written.append(path)
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for r in runs:

@@ -72,7 +72,8 @@ def test_figures_are_written_per_group(results, tmp_path):
     paths = plots.plot_results([results], tmp_path / "fig")
     names = sorted(p.name for p in paths)
     assert names == sorted(f"{g}-{k}.png" for g in ("digits-homogeneous", "digits-similarity0")
-                           for k in ("train-loss", "test-accuracy", "clipping", "rounds-to-target"))
+                           for k in ("train-loss", "test-accuracy", "test-accuracy-communication", "clipping",
+                                     "rounds-to-target"))
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
     assert plots.main([str(results / "naive"), "--out", str(tmp_path / "f2"), "--target", "0.5"]) == 0
