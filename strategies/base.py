@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
@@ -78,6 +78,12 @@ class ClippedSGDStrategy(FedAvg):
         Clients sampled per round: exactly ``num_clients`` once that many nodes are
         connected (at least ``min_train_nodes``, which defaults to ``num_clients``: the
         round waits for them). None: FedAvg's ``fraction_train`` sampling.
+    select : callable, optional
+        ``select(server_round, node_ids) -> node_ids``: which of the connected nodes
+        (sorted ids, at least ``min_available_nodes`` of them, waited for) train in the
+        round, instead of a uniform random sample -- e.g. the nodes holding the round's
+        partitions under partial participation (``strategies.participation``), so every
+        backend trains the same clients. It must return distinct connected node ids.
     **fedavg_kwargs
         Passed to ``FedAvg``: ``fraction_train``, ``fraction_evaluate``, ``min_train_nodes``,
         ``min_evaluate_nodes``, ``min_available_nodes``, ``weighted_by_key`` (default
@@ -107,6 +113,7 @@ class ClippedSGDStrategy(FedAvg):
         train_size: int | None = None,
         aggregation: str = "uniform",
         num_clients: int | None = None,
+        select: Callable[[int, list[int]], Sequence[int]] | None = None,
         **fedavg_kwargs: Any,
     ) -> None:
         if num_clients is not None:
@@ -126,6 +133,7 @@ class ClippedSGDStrategy(FedAvg):
             (not lr_milestones or train_size is not None, "lr_milestones are global epochs: pass train_size too"),
             (train_size is None or train_size >= 1, f"train_size must be >= 1, got {train_size!r}"),
             (list(lr_milestones) == sorted(lr_milestones), f"lr_milestones must be increasing, got {list(lr_milestones)}"),
+            (select is None or callable(select), f"select must be callable (server_round, node_ids) -> node_ids, got {select!r}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -140,6 +148,7 @@ class ClippedSGDStrategy(FedAvg):
         self.train_size = train_size
         self.aggregation = aggregation
         self.num_clients = num_clients
+        self.select = select
         self._global: dict[str, torch.Tensor] = {}
         self._sent: dict[int, int] = {}  # round -> number of train messages sent (clients sampled)
         self._warned_foreign = False
@@ -212,9 +221,12 @@ class ClippedSGDStrategy(FedAvg):
         return dict(OWNED_KEYS)
 
     # --- rounds -----------------------------------------------------------------------
-    def sample(self, grid: Grid) -> list[int]:
+    def sample(self, grid: Grid, server_round: int | None = None) -> list[int]:
         """This round's clients: ``num_clients`` of the connected nodes (FedAvg's
-        ``fraction_train`` without it), at least ``min_train_nodes`` (waited for)."""
+        ``fraction_train`` without it), at least ``min_train_nodes`` (waited for); with
+        ``select``, the nodes it picks for ``server_round``."""
+        if self.select is not None:
+            return self._selected(grid, server_round)
         connected = len(list(grid.get_node_ids()))
         if self.num_clients is None:
             size = max(int(connected * self.fraction_train), self.min_train_nodes)
@@ -222,6 +234,19 @@ class ClippedSGDStrategy(FedAvg):
             size = max(min(self.num_clients, connected), self.min_train_nodes)
         node_ids, everyone = sample_nodes(grid, self.min_available_nodes, size)
         log(INFO, "configure_train: Sampled %s nodes (out of %s)", len(node_ids), len(everyone))
+        return node_ids
+
+    def _selected(self, grid: Grid, server_round: int | None) -> list[int]:
+        if server_round is None:
+            raise ValueError("sample(grid, server_round) needs the round when the strategy has a select function")
+        _, everyone = sample_nodes(grid, self.min_available_nodes, 0)  # waits for min_available_nodes
+        connected = sorted(everyone)
+        node_ids = [int(n) for n in self.select(server_round, connected)]
+        strays = sorted(set(node_ids) - set(connected))
+        if strays or len(set(node_ids)) != len(node_ids):
+            raise ValueError(f"select({server_round}, ...) must return distinct connected node ids, got {node_ids} "
+                             f"(connected: {connected})")
+        log(INFO, "configure_train: Selected %s nodes (out of %s)", len(node_ids), len(connected))
         return node_ids
 
     def configure_train(
@@ -237,7 +262,7 @@ class ClippedSGDStrategy(FedAvg):
             )
         if self.fraction_train == 0.0:
             return []
-        node_ids = self.sample(grid)
+        node_ids = self.sample(grid, server_round)
         own = ConfigRecord(dict(config))  # never mutate the caller's record
         for key, value in self.round_config(server_round).items():
             own[key] = value
