@@ -1,0 +1,122 @@
+"""Partial participation (clients-per-round = K of num-clients = M): the Flower path (real
+ServerApp + ClientApp on the loopback grid) trains exactly the round's ``participants()``,
+the engine stacks only them, and both give the same run bit for bit; epochs, schedule and
+bytes count K clients a round."""
+
+import pytest
+
+pytest.importorskip("flwr")
+
+from flwr.app import MessageType  # noqa: E402
+from test_engine_parity import assert_same_run, smooth_digits  # noqa: E402,F401  (fixture)
+
+from client.app import app as client_app  # noqa: E402
+from loopback_grid import LoopbackGrid, run_server_app  # noqa: E402
+from server.app import app as server_app  # noqa: E402
+from server.faults import WatchedGrid  # noqa: E402
+from server.results import load_weights, read_results  # noqa: E402
+from simulations.engine import EngineOptions, run_engine  # noqa: E402
+from strategies.celgc import CELGC  # noqa: E402
+from strategies.participation import participants  # noqa: E402
+from tasks.config import RunConfig  # noqa: E402
+
+M, K, ROUNDS = 6, 2, 3
+BASE = {"num-clients": M, "clients-per-round": K, "num-rounds": ROUNDS, "batch-size": 16, "device": "cpu",
+        "node-wait": 2.0, "seed": 3}
+CASES = {
+    "celgc": {"local-steps": 3, "weight-decay": 1e-3, "lr-milestones": "0.01", "lr-decay": 0.5},
+    "naive": {"algorithm": "naive", "local-steps": 1, "momentum": 0.5},
+}
+
+def flower(tmp_path, name, **overrides):
+    values = {**RunConfig().to_mapping(), **BASE, "results-dir": str(tmp_path), "run-name": name, **overrides}
+    grid = LoopbackGrid(client_app, values, M)
+    run_server_app(server_app, grid)
+    trained: dict[int, list[int]] = {}
+    for msg in grid.sent:
+        if msg.metadata.message_type == MessageType.TRAIN:
+            server_round = next(iter(msg.content.config_records.values()))["server-round"]
+            trained.setdefault(server_round, []).append(grid.nodes[msg.metadata.dst_node_id]["partition-id"])
+    run = load_weights(tmp_path / name / "model.pt"), read_results(tmp_path / name / "results.jsonl")
+    return run, trained
+
+def engine(tmp_path, name, path, **overrides):
+    cfg = RunConfig.from_mapping({**BASE, "results-dir": str(tmp_path), "run-name": name, **overrides})
+    run_engine(cfg, EngineOptions(path=path), show_progress=False)
+    return load_weights(tmp_path / name / "model.pt"), read_results(tmp_path / name / "results.jsonl")
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_flower_trains_the_sampled_partitions_and_the_engine_matches_bit_for_bit(tmp_path, case):
+    ref, trained = flower(tmp_path, "flower", **CASES[case])
+    expected = {r: participants(BASE["seed"], r, M, K) for r in range(1, ROUNDS + 1)}
+    assert trained == expected
+    assert len({tuple(p) for p in expected.values()}) > 1  # the rounds really sample different clients
+    head, rows = ref[1]
+    for row in rows[1:]:
+        assert row["replies"] == K and row["failed-replies"] == 0 and row["failed-nodes"] == []
+        assert "failures" not in row  # a member that was not sampled is not offline
+    assert_same_run(ref, engine(tmp_path, "engine", "auto", **CASES[case]), exact=True)
+
+def test_vectorised_engine_runs_only_the_sampled_clients(tmp_path, smooth_digits):  # noqa: F811
+    ref, _ = flower(tmp_path, "flower", **CASES["celgc"])
+    assert_same_run(ref, engine(tmp_path, "vmap", "vmap", **CASES["celgc"]), exact=False)
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_epochs_schedule_and_bytes_count_k_clients(tmp_path, case):
+    state, (head, rows) = engine(tmp_path, "engine", "auto", **CASES[case])
+    cfg = RunConfig.from_mapping({**BASE, **CASES[case]})
+    train_size, model_bytes = head["train-size"], head["model-bytes"]
+    for r, row in enumerate(rows):
+        assert row["global-epoch"] == r * K * cfg.local_steps * cfg.batch_size / train_size
+        if r:
+            assert row["bytes-sent"] == K * model_bytes
+    if case == "celgc":  # milestone at 0.01 epochs: round 1 before it, the later rounds after (K, not M, count)
+        epoch_1 = K * cfg.local_steps * cfg.batch_size / train_size
+        assert epoch_1 >= 0.01 > 0
+        assert rows[1]["lr"] == cfg.lr and rows[2]["lr"] == cfg.lr * 0.5 and rows[2]["clip"] == cfg.clip * 0.5
+
+def test_full_participation_is_the_default_path():
+    cfg = RunConfig.from_mapping({"num-clients": 5})
+    assert cfg.clients_per_round == 0 and cfg.per_round == 5 and cfg.required_replies == 5
+    assert RunConfig.from_mapping({"num-clients": 5, "clients-per-round": 5}).per_round == 5
+    assert participants(0, 1, 5, 0) == participants(0, 7, 5, 5) == [0, 1, 2, 3, 4]
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"num-clients": 4, "clients-per-round": 5}, r"clients-per-round \(5\) must be <= num-clients \(4\)"),
+    ({"clients-per-round": -1}, "clients-per-round must be an integer >= 0, got -1"),
+    ({"num-clients": 6, "clients-per-round": 2, "min-replies": 3}, r"min-replies \(3\) must be <= clients-per-round \(2\)"),
+])
+def test_bad_clients_per_round_is_named(values, message):
+    with pytest.raises(ValueError, match=message):
+        RunConfig.from_mapping(values)
+    assert RunConfig.from_mapping({"num-clients": 6, "clients-per-round": 2}).required_replies == 2
+
+def test_follow_the_federation_checks_clients_per_round_once_resolved():
+    cfg = RunConfig.from_mapping({"clients-per-round": 5})  # num-clients 0: not known yet
+    with pytest.raises(ValueError, match=r"clients-per-round \(5\) must be <= num-clients \(4\)"):
+        cfg.with_clients(4)
+
+class _Grid:
+    def __init__(self, nodes):
+        self.nodes = nodes
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+def test_strategy_select_hook_chooses_the_nodes_and_is_checked():
+    strategy = CELGC(local_steps=1, lr=0.1, select=lambda r, nodes: nodes[r - 1:r + 1])
+    assert strategy.sample(_Grid([30, 10, 20]), 2) == [20, 30]  # connected ids arrive sorted
+    with pytest.raises(ValueError, match="needs the round"):
+        strategy.sample(_Grid([1, 2]))
+    strategy.select = lambda r, nodes: [nodes[0], 99]
+    with pytest.raises(ValueError, match=r"distinct connected node ids, got \[1, 99\]"):
+        strategy.sample(_Grid([1, 2]), 1)
+    with pytest.raises(ValueError, match="select must be callable"):
+        CELGC(local_steps=1, lr=0.1, select=3)
+
+def test_watched_grid_expects_only_the_rounds_partitions():
+    watched = WatchedGrid(_Grid([]), min_nodes=1, node_wait=1.0)
+    watched.expect([], num_partitions=4)
+    watched.expect_round([1, 3])
+    assert set(watched.take_failures()) == {1, 3}  # neither answered: offline; 0 and 2 were not sampled
+    assert set(watched.take_failures()) == {0, 1, 2, 3}  # the next round without a sample expects all
