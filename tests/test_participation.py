@@ -99,3 +99,24 @@ def test_watched_grid_expects_only_the_rounds_partitions():
     watched.expect_round([1, 3])
     assert set(watched.take_failures()) == {1, 3}  # neither answered: offline; 0 and 2 were not sampled
     assert set(watched.take_failures()) == {0, 1, 2, 3}  # the next round without a sample expects all
+
+
+@pytest.mark.realproc
+def test_two_engine_processes_share_the_rounds_sample(tmp_path):
+    """torchrun, 2 gloo processes: each runs its slots of the round's K = 3 of M = 5 clients
+    (2 + 1); the same run as one process."""
+    import sys
+
+    from test_engine_distributed import ROOT, assert_close, run
+
+    keys = {"num-clients": 5, "clients-per-round": 3, "num-rounds": 3, "local-steps": 2, "batch-size": 16,
+            "device": "cpu", "results-dir": str(tmp_path)}
+    overrides = " ".join(f"{k}={v}" for k, v in keys.items())
+    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+         "simulations.engine", "--config", str(ROOT / "pyproject.toml"), "--quiet",
+         "--run-config", f"{overrides} run-name=two"])
+    one = run_engine(RunConfig.from_mapping({**keys, "run-name": "one"}), show_progress=False)
+    assert_close(load_weights(tmp_path / "two" / "model.pt"), one.state, 1e-6)
+    (_, rows), (_, one_rows) = (read_results(tmp_path / n / "results.jsonl") for n in ("two", "one"))
+    assert [r["replies"] for r in rows[1:]] == [3, 3, 3] and rows[-1]["num-steps"] == 6
+    assert [r["global-epoch"] for r in rows] == [r["global-epoch"] for r in one_rows]
