@@ -57,9 +57,10 @@ def test_flower_trains_the_sampled_partitions_and_the_engine_matches_bit_for_bit
         assert "failures" not in row  # a member that was not sampled is not offline
     assert_same_run(ref, engine(tmp_path, "engine", "auto", **CASES[case]), exact=True)
 
-def test_vectorised_engine_runs_only_the_sampled_clients(tmp_path, smooth_digits):  # noqa: F811
-    ref, _ = flower(tmp_path, "flower", **CASES["celgc"])
-    assert_same_run(ref, engine(tmp_path, "vmap", "vmap", **CASES["celgc"]), exact=False)
+@pytest.mark.parametrize("case", list(CASES))
+def test_vectorised_engine_runs_only_the_sampled_clients(tmp_path, smooth_digits, case):  # noqa: F811
+    ref, _ = flower(tmp_path, "flower", **CASES[case])
+    assert_same_run(ref, engine(tmp_path, "vmap", "vmap", **CASES[case]), exact=False)
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_epochs_schedule_and_bytes_count_k_clients(tmp_path, case):

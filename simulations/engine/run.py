@@ -14,8 +14,10 @@ tests/test_engine_parity.py). Each process runs a
 balanced block of clients (``distributed.shard``); a round ends with ONE all-reduce. Process 0
 evaluates (``server.evaluation``: averaged iterates, eval-train), shows progress and writes the
 results. A stateful task's clients keep their state per client across rounds
-(``client-state = "keep"``), as the ClientApp keeps it in ``Context.state``. Nothing here
-imports flwr.
+(``client-state = "keep"``), as the ClientApp keeps it in ``Context.state``. With
+``clients-per-round = K`` < num-clients only the round's K clients (``strategies.participation``,
+the ServerApp's choice too) are stacked and run, the processes sharing the K slots; epochs,
+schedule and bytes count K. Nothing here imports flwr.
 
 Execution path (``engine-path``, reported on screen and in the results header): ``vmap``
 (``vectorised.py``) or ``sequential`` (``sequential.py``, one module per client). ``auto``
@@ -123,6 +125,9 @@ class Engine:
         owned = range(cfg.num_clients) if partial else self.clients  # every client's state, sampled or not
         self.client_state: dict[int, dict[str, Tensor]] | None = {pid: {} for pid in owned} if keep else None
         self.notes: list[str] = []
+        if partial:
+            self.notes.append(f"partial participation: {cfg.per_round} of {cfg.num_clients} clients a round "
+                              f"(this process runs slots {self.clients.start}..{self.clients.stop - 1} of the sample)")
         self.runner = self._choose_runner()
         self.evaluator = Evaluator(cfg, self.task, self.model, self.device)
 
