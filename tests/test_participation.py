@@ -4,10 +4,12 @@ the engine stacks only them, and both give the same run bit for bit; epochs, sch
 bytes count K clients a round."""
 
 import pytest
+import torch
 
 pytest.importorskip("flwr")
 
 from flwr.app import MessageType  # noqa: E402
+from test_client_state import tiny_ptb, values  # noqa: E402,F401  (fixture)
 from test_engine_parity import assert_same_run, smooth_digits  # noqa: E402,F401  (fixture)
 
 from client.app import app as client_app  # noqa: E402
@@ -121,3 +123,45 @@ def test_two_engine_processes_share_the_rounds_sample(tmp_path):
     (_, rows), (_, one_rows) = (read_results(tmp_path / n / "results.jsonl") for n in ("two", "one"))
     assert [r["replies"] for r in rows[1:]] == [3, 3, 3] and rows[-1]["num-steps"] == 6
     assert [r["global-epoch"] for r in rows] == [r["global-epoch"] for r in one_rows]
+
+
+class _FlakyGrid(LoopbackGrid):
+    """Partition ``gone``'s node leaves once the first round has been sent."""
+
+    def __init__(self, *args, gone: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gone = 1000 + gone
+
+    def get_node_ids(self):
+        started = any(m.metadata.message_type == MessageType.TRAIN for m in self.sent)
+        return [n for n in self.nodes if not (started and n == self.gone)]
+
+
+def test_only_a_sampled_member_that_is_offline_fails(tmp_path):
+    """seed 3, M = 6, K = 2 samples [0, 1], [2, 4], [1, 5], [1, 3]; partition 1 leaves after
+    round 1: rounds 3 and 4 record it offline, round 2 (which did not sample it) nothing."""
+    assert [participants(3, r, M, K) for r in range(1, 5)] == [[0, 1], [2, 4], [1, 5], [1, 3]]
+    values = {**RunConfig().to_mapping(), **BASE, "num-rounds": 4, "min-replies": 1, "results-dir": str(tmp_path),
+              "run-name": "flaky"}
+    run_server_app(server_app, _FlakyGrid(client_app, values, M, gone=1))
+    _, rows = read_results(tmp_path / "flaky" / "results.jsonl")
+    assert [r["replies"] for r in rows[1:]] == [2, 2, 1, 1]
+    assert [r["failed-nodes"] for r in rows[1:]] == [[], [], [1], [1]]
+    assert "failures" not in rows[2] and "offline" in rows[3]["failures"][0]
+
+
+def test_stateful_clients_keep_their_state_while_not_sampled(tiny_ptb):  # noqa: F811
+    """The language task carries each client's hidden state and place in its text: with K = 1 of
+    M = 2 a client that sits out a round resumes where it stopped, on both backends alike."""
+    vals = values(tiny_ptb, **{"num-clients": 2, "clients-per-round": 1, "num-rounds": 5, "seed": 0,
+                               "local-steps": 2, "run-name": "flower"})
+    picks = [participants(0, r, 2, 1) for r in range(1, 6)]
+    assert [0] in picks and [1] in picks and any(picks[r] == picks[r + 1] for r in range(4))
+    run_server_app(server_app, LoopbackGrid(client_app, vals, 2))
+    f_state = load_weights(tiny_ptb / "res" / "flower" / "model.pt")
+    result = run_engine(RunConfig.from_mapping({**vals, "run-name": "engine"}), EngineOptions(path="sequential"),
+                        show_progress=False)
+    assert all(torch.equal(result.state[k], f_state[k]) for k in f_state)
+    stateless = run_engine(RunConfig.from_mapping({**vals, "run-name": "e2", "client-state": "reset"}),
+                           EngineOptions(path="sequential"), show_progress=False)
+    assert not torch.equal(stateless.state["encoder.weight"], f_state["encoder.weight"])
