@@ -1,7 +1,8 @@
 """Partial participation (clients-per-round = K of num-clients = M): the Flower path (real
 ServerApp + ClientApp on the loopback grid) trains exactly the round's ``participants()``,
 the engine stacks only them, and both give the same run bit for bit; epochs, schedule and
-bytes count K clients a round."""
+bytes count K clients a round; a member that was not sampled is not offline; a stateful
+client keeps its state through the rounds it sits out."""
 
 import pytest
 import torch
