@@ -23,6 +23,7 @@ from tasks.protocol import counts_rows, reply_limits
 from .checkpoint import Checkpoint, refuse_non_finite, restore_strategy, resume_point, save_checkpoint, strategy_state
 from .evaluation import Evaluator
 from .faults import WatchedGrid
+from .participation import node_selector
 from .results import ResultsWriter, RunClock, check_replies, round_row, save_weights
 from .resumed import ResumedStrategy
 from .run_folder import claim_run_folder
@@ -52,7 +53,7 @@ def build_strategy(cfg: RunConfig, train_size: int, **reply_checks: Any) -> CELG
         lr=cfg.lr, clip=cfg.clip, batch_size=cfg.batch_size,
         weight_decay=cfg.weight_decay, momentum=cfg.momentum, lr_decay=cfg.lr_decay,
         lr_milestones=cfg.lr_milestones, train_size=train_size, aggregation=cfg.aggregation,
-        num_clients=cfg.num_clients or None, fraction_train=1.0, fraction_evaluate=0.0,  # 0: not yet resolved
+        num_clients=cfg.per_round or None, fraction_train=1.0, fraction_evaluate=0.0,  # 0: not yet resolved
         # every online node trains; a round needs min-replies of them (fault tolerance)
         min_train_nodes=cfg.required_replies, min_available_nodes=cfg.required_replies,
         train_metrics_aggr_fn=strategy_metrics_only,
@@ -215,6 +216,8 @@ def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path) -> None:
         arrays = ArrayRecord(ckpt.arrays)
     watched = WatchedGrid(grid, min_nodes=cfg.required_replies, node_wait=cfg.node_wait)
     watched.expect(wait_for_federation(grid, cfg, partition_of=watched.partition_of), cfg.num_clients)
+    if cfg.per_round < cfg.num_clients:  # partial participation: the round's K partitions, as on every backend
+        strategy.select = node_selector(cfg, watched)
     writer = ResultsWriter(folder, cfg.to_mapping(), {"train-size": task.train_size,
                                                       "model-bytes": state_nbytes(model.state_dict())},
                            resume_from=done if ckpt else None)

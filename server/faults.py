@@ -23,6 +23,8 @@ restarted host with a new node id), otherwise ignored. A train reply that names 
 partition than its node's, or echoes another ``server-round`` than the round it answers, is
 rejected before the strategy sees it: recorded with the reason and counted
 (``take_rejected``), like a failed node. ``min-replies`` therefore counts distinct partitions.
+Under partial participation ``expect_round`` narrows who should answer to the round's
+sampled partitions: a member that was not sampled is not offline.
 
 Whether a round with failures may proceed (``min-replies``) is decided by the ServerApp.
 """
@@ -57,6 +59,7 @@ class WatchedGrid(Grid):
         self.partition_of: dict[int, int] = {}  # node id -> partition id
         self.expected: set[int | str] = set()  # who should answer every round (see expect)
         self.members: set[int] | None = None  # node ids of the federation (None: not fixed yet)
+        self.round_expected: set[int | str] | None = None  # this round's sampled partitions (None: all expected)
         self._strangers: set[int] = set()  # later nodes refused membership (asked once)
         self._rejected = 0
         self._failures: dict[int | str, str] = {}  # partition id (or "node <id>") -> reason
@@ -106,6 +109,10 @@ class WatchedGrid(Grid):
         self.expected = {self.label(n) for n in nodes}
         if num_partitions and all(isinstance(x, int) for x in self.expected):
             self.expected |= set(range(num_partitions))
+
+    def expect_round(self, partitions: Iterable[int]) -> None:
+        """Only these partitions are expected to answer the coming round (partial participation)."""
+        self.round_expected = set(partitions)
 
     def _members_online(self, online: list[int]) -> list[int]:
         """The online members; a new node may take over the partition of an offline member."""
@@ -204,9 +211,11 @@ class WatchedGrid(Grid):
     def take_failures(self) -> dict[int | str, str]:
         """{partition id or "node <id>": reason} since the last call (and forget them),
         including expected members that were not online to be sent anything."""
-        for label in sorted(self.expected - self._answered - set(self._failures), key=str):
+        expected = self.expected if self.round_expected is None else self.round_expected
+        for label in sorted(expected - self._answered - set(self._failures), key=str):
             self._failures[label] = "offline (not online when the round started)"
         out, self._failures, self._answered = self._failures, {}, set()
+        self.round_expected = None
         return out
 
     def relabel(self, line: str) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
@@ -90,6 +90,12 @@ class ClippedSGDStrategy(FedAvg):
     max_lr_scale : float (default: 1.0)
         The largest per-step lr scale an honest client uses (batches' ``lr_scale``);
         ``math.inf`` turns the clipping-bound filter off.
+    select : callable, optional
+        ``select(server_round, node_ids) -> node_ids``: which of the connected nodes
+        (sorted ids, at least ``min_available_nodes`` of them, waited for) train in the
+        round, instead of a uniform random sample -- e.g. the nodes holding the round's
+        partitions under partial participation (``strategies.participation``), so every
+        backend trains the same clients. It must return distinct connected node ids.
     **fedavg_kwargs
         Passed to ``FedAvg``: ``fraction_train``, ``fraction_evaluate``, ``min_train_nodes``,
         ``min_evaluate_nodes``, ``min_available_nodes``, ``weighted_by_key`` (default
@@ -122,6 +128,7 @@ class ClippedSGDStrategy(FedAvg):
         verify_examples: bool = False,
         bound_keys: Sequence[str] | None = None,
         max_lr_scale: float = 1.0,
+        select: Callable[[int, list[int]], Sequence[int]] | None = None,
         **fedavg_kwargs: Any,
     ) -> None:
         if num_clients is not None:
@@ -142,6 +149,7 @@ class ClippedSGDStrategy(FedAvg):
             (train_size is None or train_size >= 1, f"train_size must be >= 1, got {train_size!r}"),
             (list(lr_milestones) == sorted(lr_milestones), f"lr_milestones must be increasing, got {list(lr_milestones)}"),
             (max_lr_scale >= 1, f"max_lr_scale must be >= 1 (math.inf: no bound), got {max_lr_scale!r}"),
+            (select is None or callable(select), f"select must be callable (server_round, node_ids) -> node_ids, got {select!r}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -159,6 +167,7 @@ class ClippedSGDStrategy(FedAvg):
         self.verify_examples = verify_examples
         self.bound_keys = list(bound_keys) if bound_keys is not None else None
         self.max_lr_scale = float(max_lr_scale)
+        self.select = select
         self._global: dict[str, torch.Tensor] = {}
         self._sent: dict[int, int] = {}  # round -> number of train messages sent (clients sampled)
         self._warned_foreign = False
@@ -231,9 +240,12 @@ class ClippedSGDStrategy(FedAvg):
         return dict(OWNED_KEYS)
 
     # --- rounds -----------------------------------------------------------------------
-    def sample(self, grid: Grid) -> list[int]:
+    def sample(self, grid: Grid, server_round: int | None = None) -> list[int]:
         """This round's clients: ``num_clients`` of the connected nodes (FedAvg's
-        ``fraction_train`` without it), at least ``min_train_nodes`` (waited for)."""
+        ``fraction_train`` without it), at least ``min_train_nodes`` (waited for); with
+        ``select``, the nodes it picks for ``server_round``."""
+        if self.select is not None:
+            return self._selected(grid, server_round)
         connected = len(list(grid.get_node_ids()))
         if self.num_clients is None:
             size = max(int(connected * self.fraction_train), self.min_train_nodes)
@@ -241,6 +253,19 @@ class ClippedSGDStrategy(FedAvg):
             size = max(min(self.num_clients, connected), self.min_train_nodes)
         node_ids, everyone = sample_nodes(grid, self.min_available_nodes, size)
         log(INFO, "configure_train: Sampled %s nodes (out of %s)", len(node_ids), len(everyone))
+        return node_ids
+
+    def _selected(self, grid: Grid, server_round: int | None) -> list[int]:
+        if server_round is None:
+            raise ValueError("sample(grid, server_round) needs the round when the strategy has a select function")
+        _, everyone = sample_nodes(grid, self.min_available_nodes, 0)  # waits for min_available_nodes
+        connected = sorted(everyone)
+        node_ids = [int(n) for n in self.select(server_round, connected)]
+        strays = sorted(set(node_ids) - set(connected))
+        if strays or len(set(node_ids)) != len(node_ids):
+            raise ValueError(f"select({server_round}, ...) must return distinct connected node ids, got {node_ids} "
+                             f"(connected: {connected})")
+        log(INFO, "configure_train: Selected %s nodes (out of %s)", len(node_ids), len(connected))
         return node_ids
 
     def configure_train(
@@ -256,7 +281,7 @@ class ClippedSGDStrategy(FedAvg):
             )
         if self.fraction_train == 0.0:
             return []
-        node_ids = self.sample(grid)
+        node_ids = self.sample(grid, server_round)
         own = ConfigRecord(dict(config))  # never mutate the caller's record
         for key, value in self.round_config(server_round).items():
             own[key] = value

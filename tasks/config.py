@@ -45,6 +45,7 @@ class RunConfig:
     task: str = _key("task", "data set + model: digits (offline default), cifar10, ptb, wikitext2, shakespeare, or your own \"package.module:factory\"", default="digits")
     algorithm: str = _key("algorithm", "celgc, local-sgd (celgc with clip off) or naive (parallel clipping, 1 step a round)", default="celgc")
     num_clients: int = _key("num-clients", "N, clients training every round; 0: follow the federation (Flower's num-supernodes; 8 on the engine)", default=0)
+    clients_per_round: int = _key("clients-per-round", "K, clients sampled (uniformly, from seed and round) to train in each round; 0: all num-clients (the paper)", default=0)
     num_rounds: int = _key("num-rounds", "communication rounds", default=20)
     local_steps: int = _key("local-steps", "I, local steps between averagings", default=8)
     batch_size: int = _key("batch-size", "minibatch size per client and step", default=32)
@@ -136,7 +137,12 @@ class RunConfig:
 
     @property
     def required_replies(self) -> int:
-        return self.min_replies or self.num_clients
+        return self.min_replies or self.per_round
+
+    @property
+    def per_round(self) -> int:
+        """K, the clients that train in a round (all num-clients unless clients-per-round is set)."""
+        return self.clients_per_round or self.num_clients
 
     @property
     def clipping(self) -> bool:
@@ -226,6 +232,12 @@ def _validate(c: RunConfig) -> None:
     _check(not c.resume or bool(c.run_name), "resume=true needs a fixed run-name (the folder holding the checkpoint)")
     _check(not c.num_clients or c.min_replies <= c.num_clients,
            f"min-replies ({c.min_replies}) must be <= num-clients ({c.num_clients})")
+    at_least("clients-per-round", c.clients_per_round, 0)
+    _check(not c.num_clients or c.clients_per_round <= c.num_clients,
+           f"clients-per-round ({c.clients_per_round}) must be <= num-clients ({c.num_clients}) (0: all of them)")
+    _check(not c.clients_per_round or c.min_replies <= c.clients_per_round,
+           f"min-replies ({c.min_replies}) must be <= clients-per-round ({c.clients_per_round}): only the sampled "
+           "clients reply in a round")
     _check(math.isfinite(c.lr) and c.lr > 0, f"lr must be a finite number > 0, got {c.lr}")
     _check(c.clip > 0, f"clip must be > 0, or \"off\" to disable clipping, got {c.clip}")
     _check(math.isfinite(c.weight_decay) and c.weight_decay >= 0, f"weight-decay must be >= 0, got {c.weight_decay}")

@@ -81,3 +81,26 @@ def test_every_key_is_documented():
 def test_bad_values_name_key_value_and_range(values, match):
     with pytest.raises(ValueError, match=match):
         RunConfig.from_mapping(values)
+
+
+def test_full_participation_is_the_default_path():
+    cfg = RunConfig.from_mapping({"num-clients": 5})
+    assert cfg.clients_per_round == 0 and cfg.per_round == 5 and cfg.required_replies == 5
+    assert RunConfig.from_mapping({"num-clients": 5, "clients-per-round": 5}).per_round == 5
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"num-clients": 4, "clients-per-round": 5}, r"clients-per-round \(5\) must be <= num-clients \(4\)"),
+    ({"clients-per-round": -1}, "clients-per-round must be an integer >= 0, got -1"),
+    ({"num-clients": 6, "clients-per-round": 2, "min-replies": 3}, r"min-replies \(3\) must be <= clients-per-round \(2\)"),
+])
+def test_bad_clients_per_round_is_named(values, message):
+    with pytest.raises(ValueError, match=message):
+        RunConfig.from_mapping(values)
+    assert RunConfig.from_mapping({"num-clients": 6, "clients-per-round": 2}).required_replies == 2
+
+
+def test_follow_the_federation_checks_clients_per_round_once_resolved():
+    cfg = RunConfig.from_mapping({"clients-per-round": 5})  # num-clients 0: not known yet
+    with pytest.raises(ValueError, match=r"clients-per-round \(5\) must be <= num-clients \(4\)"):
+        cfg.with_clients(4)

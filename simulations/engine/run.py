@@ -14,8 +14,10 @@ tests/test_engine_parity.py). Each process runs a
 balanced block of clients (``distributed.shard``); a round ends with ONE all-reduce. Process 0
 evaluates (``server.evaluation``: averaged iterates, eval-train), shows progress and writes the
 results. A stateful task's clients keep their state per client across rounds
-(``client-state = "keep"``), as the ClientApp keeps it in ``Context.state``. Nothing here
-imports flwr.
+(``client-state = "keep"``), as the ClientApp keeps it in ``Context.state``. With
+``clients-per-round = K`` < num-clients only the round's K clients (``strategies.participation``,
+the ServerApp's choice too) are stacked and run, the processes sharing the K slots; epochs,
+schedule and bytes count K. Nothing here imports flwr.
 
 Execution path (``engine-path``, reported on screen and in the results header): ``vmap``
 (``vectorised.py``) or ``sequential`` (``sequential.py``, one module per client). ``auto``
@@ -51,6 +53,7 @@ from server.results import ResultsWriter, RunClock, check_replies, round_row, sa
 from server.run_folder import claim_run_folder
 from strategies.averaging import state_nbytes
 from strategies.naive_step import naive_server_step
+from strategies.participation import participants
 from strategies.schedule import global_epoch, scheduled
 from tasks import cached_task, initial_model, partitions
 from tasks.config import RunConfig, parse_overrides
@@ -71,7 +74,7 @@ log = logging.getLogger("simulations.engine")
 
 def round_hparams(cfg: RunConfig, server_round: int, train_size: int) -> tuple[float, float]:
     """(lr, clip) of a round: the paper's schedule on global epochs done before it."""
-    return scheduled(cfg.lr, cfg.clip, server_round - 1, cfg.num_clients, cfg.local_steps, cfg.batch_size,
+    return scheduled(cfg.lr, cfg.clip, server_round - 1, cfg.per_round, cfg.local_steps, cfg.batch_size,
                      train_size, cfg.lr_milestones, cfg.lr_decay)
 
 
@@ -105,25 +108,41 @@ class Engine:
         self.parts = list(parts if parts is not None else partitions(cfg))
         if len(self.parts) != cfg.num_clients:
             raise ValueError(f"{len(self.parts)} partitions for num-clients={cfg.num_clients}")
-        self.clients = shard(cfg.num_clients, world.size, world.rank)
+        # this process's slots among the round's K participants (K = num-clients: slot = partition id)
+        self.clients = shard(cfg.per_round, world.size, world.rank)
+        self.round_clients = self._participants(1)
         self.model = initial_model(self.task, cfg.seed).to(self.device)
         self.state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.count = example_counter(self.task)
         self.momentum: dict[str, Tensor] | None = None  # naive: the server's heavy-ball buffer
         # each client's own state across rounds (client-state = "keep" and a stateful task)
         keep = cfg.client_state == "keep" and is_stateful(self.task)
-        self.client_state: dict[int, dict[str, Tensor]] | None = {pid: {} for pid in self.clients} if keep else None
+        partial = cfg.per_round < cfg.num_clients
+        if keep and partial and world.size > 1:
+            raise ValueError("clients-per-round < num-clients with a stateful task (client-state=keep) runs on one "
+                             "process only: a client's state would move between processes; use one process or "
+                             "client-state=reset")
+        owned = range(cfg.num_clients) if partial else self.clients  # every client's state, sampled or not
+        self.client_state: dict[int, dict[str, Tensor]] | None = {pid: {} for pid in owned} if keep else None
         self.notes: list[str] = []
+        if partial:
+            self.notes.append(f"partial participation: {cfg.per_round} of {cfg.num_clients} clients a round "
+                              f"(this process runs slots {self.clients.start}..{self.clients.stop - 1} of the sample)")
         self.runner = self._choose_runner()
         self.evaluator = Evaluator(cfg, self.task, self.model, self.device)
 
     # --- execution path ----------------------------------------------------------------
+    def _participants(self, server_round: int) -> list[int]:
+        """This process's clients (partition ids) in ``server_round``: its slots of the round's K."""
+        chosen = participants(self.cfg.seed, server_round, self.cfg.num_clients, self.cfg.per_round)
+        return [chosen[i] for i in self.clients]
+
     def _iters(self, server_round: int, probe: bool = False) -> list[Any]:
         states = self.client_state if self.client_state is not None and not probe else {}
         return [draw_batches(self.task, self.parts[pid], states.get(pid), seed=self.cfg.seed, partition_id=pid,
                              server_round=server_round, local_steps=self.cfg.local_steps,
                              batch_size=self.cfg.batch_size, device=self.device)
-                for pid in self.clients]
+                for pid in self.round_clients]
 
     def _sequential(self) -> SequentialClients:
         return SequentialClients(self.task.build_model, training_loss(self.task), len(self.clients), self.device,
@@ -169,13 +188,14 @@ class Engine:
     # --- rounds ------------------------------------------------------------------------
     def _seed(self, server_round: int):
         def seed(i: int, step: int) -> int:
-            pid = self.clients[i]
+            pid = self.round_clients[i]
             return int(np.random.SeedSequence([self.cfg.seed, server_round, pid, step, 0xE9]).generate_state(1)[0])
         return seed
 
     def train_round(self, server_round: int) -> dict[str, float | int]:
-        """One round of all clients (all processes); updates ``self.state``; the round's metrics."""
+        """One round of the round's K clients (all processes); updates ``self.state``; the round's metrics."""
         cfg = self.cfg
+        self.round_clients = self._participants(server_round)
         lr, clip = round_hparams(cfg, server_round, self.task.train_size)
         step = StepConfig(lr=lr, clip=clip, weight_decay=cfg.weight_decay, momentum=cfg.momentum)
         self.runner.load(self.state)
@@ -191,7 +211,7 @@ class Engine:
         else:
             stats = self.runner.run_round(iters, step, seed=self._seed(server_round))
         state, metrics = average_round(self.runner.client_states(), self.state, ClientMetrics.from_stats(stats),
-                                       aggregation=cfg.aggregation, num_clients=cfg.num_clients, world=self.world)
+                                       aggregation=cfg.aggregation, num_clients=cfg.per_round, world=self.world)
         if state is not None:
             self.state = state
         return metrics
@@ -226,7 +246,7 @@ class Engine:
         if getattr(self.runner, "last_ce", None) is not None:
             table[:, COLUMNS.index("train-ce")] = self.runner.last_ce.double()
         avg, metrics = average_round(states, like, ClientMetrics(table), aggregation=self.cfg.aggregation,
-                                     num_clients=self.cfg.num_clients, world=self.world)
+                                     num_clients=self.cfg.per_round, world=self.world)
         if "grad-norm" in metrics:
             metrics["client-grad-norm"] = metrics.pop("grad-norm")
         if avg is None:
@@ -314,7 +334,7 @@ def _rounds(cfg: RunConfig, options: EngineOptions, world: World, task: Any, par
         if ckpt:
             progress.note(f"engine: resuming {folder} from its round-{done} checkpoint")
         for server_round in range(done + 1 if ckpt else 0, cfg.num_rounds + 1):
-            epoch = global_epoch(server_round, cfg.num_clients, cfg.local_steps, cfg.batch_size, train_size)
+            epoch = global_epoch(server_round, cfg.per_round, cfg.local_steps, cfg.batch_size, train_size)
             row = round_row(server_round, epoch)
             if server_round > 0:
                 metrics = engine.train_round(server_round)
@@ -324,7 +344,7 @@ def _rounds(cfg: RunConfig, options: EngineOptions, world: World, task: Any, par
                               [f"{rejected} clients had non-finite states" if rejected else ""])
                 lr, clip = round_hparams(cfg, server_round, train_size)
                 counts = {k: metrics.pop(k) for k in ("replies", "rejected-replies", "failed-replies")}
-                traffic = {"bytes-sent": model_bytes * cfg.num_clients, "bytes-received": model_bytes * (replies + rejected)}
+                traffic = {"bytes-sent": model_bytes * cfg.per_round, "bytes-received": model_bytes * (replies + rejected)}
                 row = round_row(server_round, epoch, lr=lr, clip=clip, failed_nodes=[],  # no messaging: no node fails
                                 resumed_from=done if done and server_round == done + 1 else None,
                                 metrics={**counts, **traffic, **metrics})
