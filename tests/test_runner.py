@@ -89,5 +89,5 @@ def test_demo_runs_both_methods_and_writes_figures(tmp_path):
     report = run_demo(tmp_path / "res", tmp_path / "fig", target=0.5, rounds_scale=0.05)
     assert report["naive"]["run"].rows[-1]["round"] == 8 and report["celgc"]["run"].rows[-1]["round"] == 1
     assert report["celgc"]["hit"]["round"] == 1  # one round of 8 local steps reaches 50 %
-    assert len(report["figures"]) == 4 and all(p.is_file() for p in report["figures"])
+    assert len(report["figures"]) == 5 and all(p.is_file() for p in report["figures"])
     print_report(report, 0.5)
