@@ -12,6 +12,7 @@ from flwr.supercore import log
 
 from strategies.averaging import state_nbytes
 from strategies.celgc import CELGC
+from strategies.episode_strategy import EPISODE
 from strategies.naive import NaiveParallelClip
 from tasks import cached_task, initial_model, partitions
 from tasks.config import RunConfig
@@ -41,7 +42,8 @@ def build_strategy(cfg: RunConfig, train_size: int) -> CELGC:
     """The strategy named by ``algorithm`` with every setting from the config.
 
     celgc and local-sgd (celgc with clip off) -> CELGC; naive -> NaiveParallelClip (a
-    CELGC subclass: one step a round, clients send gradients, the server clips).
+    CELGC subclass: one step a round, clients send gradients, the server clips); episode ->
+    EPISODE (a CELGC subclass: resampled gradients, then corrected local steps).
     """
     common = dict(
         lr=cfg.lr, clip=cfg.clip, batch_size=cfg.batch_size,
@@ -54,6 +56,8 @@ def build_strategy(cfg: RunConfig, train_size: int) -> CELGC:
     )
     if cfg.algorithm == "naive":
         return NaiveParallelClip(**common)
+    if cfg.algorithm == "episode":
+        return EPISODE(local_steps=cfg.local_steps, resample_timeout=cfg.round_timeout, **common)
     return CELGC(local_steps=cfg.local_steps, **common)
 
 
