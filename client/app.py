@@ -15,6 +15,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from strategies.clientapp import gradient_reply, round_settings, train_reply
+from strategies.episode import CORRECTION_KEY, EPISODE_MODE, GLOBAL_NORM_KEY, RESAMPLE_MODE, resample_seed
 from strategies.naive import GRADIENT_MODE
 from tasks import cached_task, partitions
 from tasks.config import RunConfig
@@ -88,7 +89,8 @@ def train(msg: Message, context: Context) -> Message:
     pid = local.sampling_id if local else node_partition(context, cfg)
     data = (local.task, local.indices) if local else None
     settings = round_settings(msg)  # an error naming every missing key when another strategy drives this app
-    state = next(iter(msg.content.array_records.values())).to_torch_state_dict()
+    arrays = {k: v for k, v in msg.content.array_records.items() if k != CORRECTION_KEY}
+    state = next(iter(arrays.values())).to_torch_state_dict()
     client_state = load_client_state(context, cfg, pid, local.task if local else cached_task(cfg))
     extra = {"partition-id": pid} if not local or local.partition_id is not None else {}
     extra["server-round"] = settings.server_round  # echoed: the server rejects a reply to another round
@@ -96,7 +98,14 @@ def train(msg: Message, context: Context) -> Message:
         grads, buffers, metrics = gradient_round(cfg, pid, settings, state, data, client_state)
         keep_client_state(context, pid, client_state)
         return gradient_reply(msg, grads, buffers, metrics, extra)
-    new_state, metrics = train_round(cfg, pid, settings, state, data, client_state)
+    if settings.mode == RESAMPLE_MODE:  # EPISODE's G_r^i: a fresh minibatch, the running client state untouched
+        grads, buffers, metrics = gradient_round(cfg, pid, settings, state, data, None, resample_seed(cfg.seed))
+        return gradient_reply(msg, grads, buffers, metrics, extra)
+    episode = None
+    if settings.mode == EPISODE_MODE:
+        config = next(iter(msg.content.config_records.values()))
+        episode = (msg.content[CORRECTION_KEY].to_torch_state_dict(), float(config[GLOBAL_NORM_KEY]))
+    new_state, metrics = train_round(cfg, pid, settings, state, data, client_state, episode)
     keep_client_state(context, pid, client_state)
     return train_reply(msg, new_state, metrics, extra)
 

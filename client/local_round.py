@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from strategies.local_update import episode_update
 from tasks import cached_task, partitions
 from tasks.config import RunConfig
 from tasks.device import pick_device
@@ -25,8 +26,12 @@ def train_round(
     state: dict[str, torch.Tensor],
     data: tuple[Any, np.ndarray] | None = None,
     client_state: dict[str, torch.Tensor] | None = None,
+    episode: tuple[dict[str, torch.Tensor], float] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float | int]]:
     """Run one round of local clipped SGD for client ``partition_id`` from ``state``.
+
+    ``episode`` = (correction c_i, ‖G_r‖): the round runs EPISODE's local steps
+    (``strategies.local_update.episode_update``) on the same minibatches instead.
 
     ``settings`` are the round's values sent by the strategy (``RoundSettings.from_config``
     of the round's ConfigRecord). ``data`` = (task, indices)
@@ -49,7 +54,12 @@ def train_round(
         task, idx, client_state, seed=cfg.seed, partition_id=partition_id, server_round=settings.server_round,
         local_steps=settings.local_steps, batch_size=settings.batch_size, device=device,
     )
-    metrics = local_update(model, batches, training_loss(task), settings, count=example_counter(task))
+    if episode is not None:
+        correction, global_norm = episode
+        metrics = episode_update(model, batches, training_loss(task), settings, correction, global_norm,
+                                 count=example_counter(task))
+    else:
+        metrics = local_update(model, batches, training_loss(task), settings, count=example_counter(task))
     new_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     return new_state, metrics
 
@@ -61,6 +71,7 @@ def gradient_round(
     state: dict[str, torch.Tensor],
     data: tuple[Any, np.ndarray] | None = None,
     client_state: dict[str, torch.Tensor] | None = None,
+    sampling_seed: int | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, float | int]]:
     """A naive parallel-clipping round: the gradient at ``state`` on ONE minibatch.
 
@@ -71,6 +82,8 @@ def gradient_round(
     ``num-steps`` (1) and, when the task scales steps, ``lr-scale``. Nothing is applied:
     the server averages the gradients and takes the clipped step. ``client_state``: as in
     ``train_round`` (the language model's hidden state runs on from round to round).
+    ``sampling_seed`` replaces ``cfg.seed`` in the minibatch sampling only (EPISODE's
+    resample: ``strategies.episode.resample_seed``); the partition stays ``cfg``'s.
     """
     if data is None and not (0 <= partition_id < cfg.num_clients):
         raise ValueError(f"partition-id must be in [0, {cfg.num_clients - 1}] "
@@ -83,8 +96,9 @@ def gradient_round(
     if client_state is not None:
         client_state.update(state_to(client_state, device))
     (batch,) = list(draw_batches(
-        task, idx, client_state, seed=cfg.seed, partition_id=partition_id, server_round=settings.server_round,
-        local_steps=1, batch_size=settings.batch_size, device=device,
+        task, idx, client_state, seed=cfg.seed if sampling_seed is None else sampling_seed,
+        partition_id=partition_id, server_round=settings.server_round, local_steps=1, batch_size=settings.batch_size,
+        device=device,
     ))
     loss, ce = split_loss(training_loss(task)(model, batch))
     loss.backward()

@@ -14,6 +14,7 @@ from flwr.supercore import log
 
 from strategies.averaging import state_nbytes
 from strategies.celgc import CELGC
+from strategies.episode_strategy import EPISODE
 from strategies.naive import NaiveParallelClip
 from tasks import cached_task, initial_model, partitions
 from tasks.config import RunConfig
@@ -45,7 +46,8 @@ def build_strategy(cfg: RunConfig, train_size: int, **reply_checks: Any) -> CELG
     """The strategy named by ``algorithm`` with every setting from the config.
 
     celgc and local-sgd (celgc with clip off) -> CELGC; naive -> NaiveParallelClip (a
-    CELGC subclass: one step a round, clients send gradients, the server clips).
+    CELGC subclass: one step a round, clients send gradients, the server clips); episode ->
+    EPISODE (a CELGC subclass: resampled gradients, then corrected local steps).
     ``reply_checks``: ``verify_examples``, ``bound_keys``, ``max_lr_scale`` (``reply_checks``).
     """
     common = dict(
@@ -60,6 +62,8 @@ def build_strategy(cfg: RunConfig, train_size: int, **reply_checks: Any) -> CELG
     )
     if cfg.algorithm == "naive":
         return NaiveParallelClip(**common)
+    if cfg.algorithm == "episode":
+        return EPISODE(local_steps=cfg.local_steps, resample_timeout=cfg.round_timeout, **common)
     return CELGC(local_steps=cfg.local_steps, **common)
 
 

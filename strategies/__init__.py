@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CELGC", "NaiveParallelClip"]
+__all__ = ["CELGC", "EPISODE", "NaiveParallelClip"]
 
-_LAZY = {"CELGC": "strategies.celgc", "NaiveParallelClip": "strategies.naive"}
+_LAZY = {"CELGC": "strategies.celgc", "EPISODE": "strategies.episode_strategy", "NaiveParallelClip": "strategies.naive"}
 
 
 def __getattr__(name: str) -> Any:

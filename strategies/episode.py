@@ -21,18 +21,40 @@ With N = 1, or clients whose data (hence G_r^i) are identical, c_i = 0 and a rou
 steps of SGD or normalised SGD chosen by ‖G_r‖. A step whose direction norm is not finite
 is skipped and counted, as in ``clipped_sgd``. ``episode_step`` is functional (returns new
 tensors) like ``clipped_sgd_step``.
+
+The resampled minibatch ξ̃_i of round r is drawn from the client's partition exactly as the
+local steps' minibatches (``tasks.sampling``: passes without replacement) but from a
+separate stream, the sampling seed ``resample_seed(seed)`` (one step a round): it is
+independent of the I minibatches of the local steps, and every backend draws the same one.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from .clipped_sgd import StepConfig, grad_norm
 
-__all__ = ["clipping_round", "corrections", "episode_step"]
+__all__ = ["CORRECTION_KEY", "EPISODE_MODE", "GLOBAL_NORM_KEY", "RESAMPLE_MODE", "clipping_round", "corrections",
+           "episode_step", "resample_seed"]
+
+#: round-config ``mode`` of the first exchange: send G_r^i, the gradient at the global point
+RESAMPLE_MODE = "episode-resample"
+#: round-config ``mode`` of the second exchange: I local EPISODE steps with the correction
+EPISODE_MODE = "episode"
+#: the ArrayRecord of the second exchange holding the client's correction c_i
+CORRECTION_KEY = "correction"
+#: the round-config key of the second exchange holding ‖G_r‖
+GLOBAL_NORM_KEY = "global-grad-norm"
+
+
+def resample_seed(seed: int) -> int:
+    """The sampling seed of the resampled minibatches: a stream apart from ``seed``'s
+    (``numpy.random.SeedSequence([seed, 0xE915])``), so ξ̃ differs from the local steps' ξ."""
+    return int(np.random.SeedSequence([int(seed), 0xE915]).generate_state(1, dtype=np.uint32)[0])
 
 
 def corrections(client_grads: list[dict[str, Tensor]], weights: list[float] | None = None

@@ -21,8 +21,10 @@ from torch import Tensor, nn
 
 from .client_metrics import COLUMNS, client_table
 from .clipped_sgd import StepConfig, clipped_sgd_step
+from .episode import clipping_round, episode_step
 
-__all__ = ["ConfigError", "LossFn", "RoundSettings", "RoundStats", "count_examples", "local_update", "split_loss"]
+__all__ = ["ConfigError", "LossFn", "RoundSettings", "RoundStats", "count_examples", "episode_update", "local_update",
+           "split_loss"]
 
 #: ``loss_fn(model, batch)``: the scalar training loss, or (loss, cross-entropy) when the loss
 #: adds regularisers (the cross-entropy is reported apart as ``train-ce``)
@@ -179,6 +181,42 @@ def local_update(
     examples of a batch (a function or an int per batch); default ``count_examples``. The
     momentum buffer starts at zero each round (clients are stateless between rounds).
     """
+    def step(params, grads, bufs, cfg_, scale):
+        return clipped_sgd_step(params, grads, bufs, cfg_, lr_scale=scale)
+    return _run_steps(model, batches, loss_fn, cfg, count, step)
+
+
+def episode_update(
+    model: nn.Module,
+    batches: Iterable[Any],
+    loss_fn: LossFn,
+    cfg: RoundSettings | StepConfig,
+    correction: Mapping[str, Tensor],
+    global_norm: float,
+    count: Callable[[Any], int] | int | None = None,
+) -> dict[str, float | int]:
+    """EPISODE's local steps (``strategies.episode.episode_step``) on ``model`` in place.
+
+    ``correction``: c_i = G_r - G_r^i by trainable parameter name (every one of them);
+    ``global_norm``: ‖G_r‖, which decides once for the whole round whether it clips
+    (``clip-fraction`` is then 1.0, else 0.0). Otherwise as ``local_update``.
+    """
+    names = [k for k, p in model.named_parameters() if p.requires_grad]
+    if set(correction) != set(names):
+        raise ValueError(f"the correction must hold every trainable parameter: missing "
+                         f"{sorted(set(names) - set(correction))}, unexpected {sorted(set(correction) - set(names))}")
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    corr = [correction[k].to(device) for k in names]
+    step_cfg = cfg.step if isinstance(cfg, RoundSettings) else cfg
+
+    def step(params, grads, bufs, cfg_, scale):
+        return episode_step(params, grads, corr, bufs, cfg_, clipping_round(global_norm, step_cfg, scale), scale)
+    return _run_steps(model, batches, loss_fn, cfg, count, step)
+
+
+def _run_steps(model: nn.Module, batches: Iterable[Any], loss_fn: LossFn, cfg: RoundSettings | StepConfig,
+               count: Callable[[Any], int] | int | None, step_fn: Callable[..., Any]) -> dict[str, float | int]:
+    """The loop of a round: forward, backward, ``step_fn(params, grads, bufs, step, lr_scale)``."""
     if isinstance(cfg, RoundSettings):
         step, batches = cfg.step, _exactly(batches, cfg.local_steps)
     else:
@@ -198,7 +236,7 @@ def local_update(
         with torch.no_grad():
             # a batch may carry its own step scale (AWD-LSTM: seq_len / bptt; scales lr and clip)
             scale = getattr(batch, "lr_scale", 1.0)
-            new_params, bufs, stats = clipped_sgd_step(params, grads, bufs, step, lr_scale=scale)
+            new_params, bufs, stats = step_fn(params, grads, bufs, step, scale)
             torch._foreach_copy_(params, new_params)
         totals.add(loss, stats, counter(batch), ce)
     for p in params:

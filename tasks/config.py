@@ -23,7 +23,7 @@ from strategies.averaging import AGGREGATIONS
 TASKS = ("digits", "cifar10", "ptb", "wikitext2", "shakespeare")
 #: ``package.module:factory`` -- a task of your own (``tasks.custom``, README "Bring your own task")
 TASK_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-ALGORITHMS = ("celgc", "local-sgd", "naive")
+ALGORITHMS = ("celgc", "local-sgd", "naive", "episode")
 PARTITIONERS = ("homogeneous", "similarity", "dirichlet")
 DEVICES = ("auto", "cpu", "cuda")
 CLIENT_STATES = ("keep", "reset")
@@ -43,7 +43,7 @@ class RunConfig:
     """Every setting of a run. Build with ``RunConfig.from_mapping`` (validates)."""
 
     task: str = _key("task", "data set + model: digits (offline default), cifar10, ptb, wikitext2, shakespeare, or your own \"package.module:factory\"", default="digits")
-    algorithm: str = _key("algorithm", "celgc, local-sgd (celgc with clip off) or naive (parallel clipping, 1 step a round)", default="celgc")
+    algorithm: str = _key("algorithm", "celgc, local-sgd (celgc with clip off), naive (parallel clipping, 1 step a round) or episode (resampled corrections, one clip decision a round)", default="celgc")
     num_clients: int = _key("num-clients", "N, clients training every round; 0: follow the federation (Flower's num-supernodes; 8 on the engine)", default=0)
     clients_per_round: int = _key("clients-per-round", "K, clients sampled (uniformly, from seed and round) to train in each round; 0: all num-clients (the paper)", default=0)
     num_rounds: int = _key("num-rounds", "communication rounds", default=20)
@@ -255,6 +255,10 @@ def _validate(c: RunConfig) -> None:
                f"\"homogeneous\", got {c.partitioner!r} (similarity 0 already gives each client one region)")
     if c.algorithm == "naive":
         _check(c.local_steps == 1, f"local-steps must be 1 for algorithm 'naive' (one step a round), got {c.local_steps}")
+    if c.algorithm == "episode":
+        _check(c.task not in ("ptb", "wikitext2") or c.client_state == "reset",
+               f"algorithm 'episode' resamples gradients from stateless minibatches: with task {c.task!r} set "
+               "client-state = \"reset\"")
     if c.algorithm == "local-sgd":
         _check(math.isinf(c.clip), f"clip must be \"off\" for algorithm 'local-sgd', got {c.clip}")
 

@@ -52,6 +52,7 @@ from server.evaluation import Evaluator
 from server.results import ResultsWriter, RunClock, check_replies, round_row, save_weights
 from server.run_folder import claim_run_folder
 from strategies.averaging import state_nbytes
+from strategies.episode import corrections, resample_seed
 from strategies.naive_step import naive_server_step
 from strategies.participation import participants
 from strategies.schedule import global_epoch, scheduled
@@ -151,6 +152,12 @@ class Engine:
     def _choose_runner(self) -> VmapClients | SequentialClients:
         o = self.options
         streams = " on one CUDA stream per client" if self.device.type == "cuda" and o.streams else ""
+        if self.cfg.algorithm == "episode":
+            if o.path == "vmap":
+                raise ValueError("engine-path=vmap does not run algorithm 'episode' (its corrected local steps "
+                                 "exist on the sequential path only): use engine-path=sequential or auto")
+            self.notes.append(f"path: sequential{streams} (algorithm episode runs client by client)")
+            return self._sequential()
         if o.path == "sequential":
             self.notes.append(f"path: sequential{streams} (engine-path=sequential)")
             return self._sequential()
@@ -202,6 +209,8 @@ class Engine:
         iters = self._iters(server_round)
         if cfg.algorithm == "naive":
             return self._naive_round(server_round, iters, step)
+        if cfg.algorithm == "episode":
+            return self._episode_round(server_round, iters, step)
         if isinstance(self.runner, VmapClients):
             if self.options.cuda_graphs:  # one capture for the run: base values, schedule as a factor
                 base = StepConfig(lr=cfg.lr, clip=cfg.clip, weight_decay=cfg.weight_decay, momentum=cfg.momentum)
@@ -257,6 +266,40 @@ class Engine:
         self.state = {**avg, **params}
         self.state = {k: self.state[k] for k in like if k != "lr-scale"}
         metrics.update(stats)
+        return metrics
+
+    def _episode_round(self, server_round: int, iters: list[Any], step: StepConfig) -> dict[str, float | int]:
+        """EPISODE (as ``strategies.episode_strategy.EPISODE``): every client's gradient at the
+        global point on its resampled minibatch, the corrections and ‖G_r‖, then I corrected
+        local steps per client (one clip decision for the round) and the average."""
+        if self.world.size > 1:
+            raise ValueError("algorithm 'episode' runs on the engine in one process (its corrections need every "
+                             "client's resampled gradient): run without torchrun, or use the Flower path")
+        cfg = self.cfg
+        resample = [draw_batches(self.task, self.parts[pid], None, seed=resample_seed(cfg.seed), partition_id=pid,
+                                 server_round=server_round, local_steps=1, batch_size=cfg.batch_size,
+                                 device=self.device) for pid in self.round_clients]
+        grads, _, _, examples = self.runner.gradients(resample, seed=self._seed(server_round))
+        bad = [pid for pid, g in zip(self.round_clients, grads, strict=True)
+               if not all(bool(torch.isfinite(v).all()) for v in g.values())]
+        if bad:
+            raise FloatingPointError(f"round {server_round}: the resampled gradients of clients {bad} are not finite")
+        weights = examples.tolist() if cfg.aggregation == "examples" else None
+        _, corr, norm = corrections(grads, weights)
+        names = list(grads[0])
+        self.runner.load(self.state)  # the resample's forward passes must not move the buffers
+        stats = self.runner.run_round(iters, step, seed=self._seed(server_round),
+                                      episode=([[c[k] for k in names] for c in corr], norm))
+        state, metrics = average_round(self.runner.client_states(), self.state, ClientMetrics.from_stats(stats),
+                                       aggregation=cfg.aggregation, num_clients=cfg.per_round, world=self.world)
+        if state is not None:
+            self.state = state
+        n, model_bytes = len(self.round_clients), state_nbytes(self.state)
+        answered = int(metrics.get("replies", 0)) + int(metrics.get("rejected-replies", 0))
+        metrics["bytes-sent"] = 2 * model_bytes * n + sum(state_nbytes(c) for c in corr)
+        metrics["bytes-received"] = model_bytes * n + model_bytes * answered  # gradients + buffers, then the states
+        metrics["resample-failures"] = 0
+        metrics["global-grad-norm"] = norm
         return metrics
 
     # --- checkpoints (the ServerApp's format: server.checkpoint) -----------------------

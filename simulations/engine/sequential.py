@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from client.update import RoundStats, StepConfig, clipped_sgd_step, split_loss
+from strategies.episode import clipping_round, episode_step
 from tasks.protocol import default_count
 
 from .vectorised import Count, LossFn
@@ -86,8 +87,12 @@ class SequentialClients:
     def _on(self, i: int):
         return torch.cuda.stream(self.streams[i]) if self.streams is not None else contextlib.nullcontext()
 
-    def run_round(self, iters: list[Iterator[Any]], cfg: StepConfig, seed: Seed | None = None) -> list[RoundStats]:
-        """All local steps of one round (step-major: every client's step s, then s + 1)."""
+    def run_round(self, iters: list[Iterator[Any]], cfg: StepConfig, seed: Seed | None = None,
+                  episode: tuple[list[list[Tensor]], float] | None = None) -> list[RoundStats]:
+        """All local steps of one round (step-major: every client's step s, then s + 1).
+
+        ``episode`` = (each client's correction by trainable parameter, ‖G_r‖): EPISODE's
+        steps (``strategies.episode.episode_step``) instead of clipped SGD's."""
         if len(iters) != self.n:
             raise ValueError(f"{len(iters)} batch streams for {self.n} clients")
         params = [[p for p in m.parameters() if p.requires_grad] for m in self.models]
@@ -118,7 +123,13 @@ class SequentialClients:
                             scale = getattr(batch, "lr_scale", 1.0)
                             if one is not None:  # on CUDA: lr and clip as device tensors, no copy a step
                                 scale = one * scale
-                            new, bufs[i], stats = clipped_sgd_step(params[i], grads, bufs[i], cfg, lr_scale=scale)
+                            if episode is not None:
+                                corr, norm = episode
+                                scale = float(getattr(batch, "lr_scale", 1.0))
+                                new, bufs[i], stats = episode_step(params[i], grads, corr[i], bufs[i], cfg,
+                                                                   clipping_round(norm, cfg, scale), scale)
+                            else:
+                                new, bufs[i], stats = clipped_sgd_step(params[i], grads, bufs[i], cfg, lr_scale=scale)
                             torch._foreach_copy_(params[i], new)
                         totals[i].add(loss, stats, self.count(batch), ce)
                 step += 1
