@@ -185,3 +185,12 @@ def test_config_and_strategy_choices():
     RunConfig.from_mapping({"algorithm": "episode", "task": "ptb", "client-state": "reset"})
     with pytest.raises(ValueError, match="resample_timeout must be > 0"):
         EPISODE(local_steps=2, lr=0.1, resample_timeout=0)
+
+
+def test_engine_equals_flower_with_partial_participation(tmp_path):
+    """K of M clients a round (strategies.participation): only they resample and train."""
+    case = {**CASE, "num-clients": 4, "clients-per-round": 2}
+    flower_run = flower(tmp_path, "flower-pp", **case)
+    assert_same_run(flower_run, engine(tmp_path, "engine-pp", "auto", **case), exact=True)
+    _, (_, rows) = flower_run
+    assert all(r["replies"] == 2 for r in rows[1:])
