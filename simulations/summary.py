@@ -90,7 +90,7 @@ def find_runs(paths: Iterable[str | Path]) -> list[Run]:
 
 
 def method_label(config: dict[str, Any]) -> str:
-    """'CELGC I=8', 'naive parallel clipping', 'local SGD I=8 (no clipping)', 'single machine I=32'."""
+    """'CELGC I=8', 'EPISODE I=8', 'naive parallel clipping', 'local SGD I=8 (no clipping)', 'single machine I=32'."""
     alg = config.get("algorithm", "celgc")
     steps = config.get("local-steps", "?")
     if alg == "naive":
@@ -100,6 +100,8 @@ def method_label(config: dict[str, Any]) -> str:
         return f"single machine{clip}"
     if alg == "local-sgd" or config.get("clip") == "off":
         return f"local SGD I={steps} (no clipping)"
+    if alg == "episode":
+        return f"EPISODE I={steps}"
     return f"CELGC I={steps}"
 
 

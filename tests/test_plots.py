@@ -51,6 +51,7 @@ def test_labels_targets_and_summary(results):
     assert naive.label == "naive parallel clipping" and celgc.label == "CELGC I=4"
     assert method_label({"algorithm": "local-sgd", "local-steps": 8, "clip": "off"}) == "local SGD I=8 (no clipping)"
     assert method_label({"algorithm": "celgc", "num-clients": 1, "local-steps": 32}) == "single machine"
+    assert method_label({"algorithm": "episode", "local-steps": 8, "clip": 0.3}) == "EPISODE I=8"
     assert celgc.group == "digits-homogeneous" and load_run(results / "hetero").group == "digits-similarity0"
     hit = rounds_to_target(naive, 0.8)
     assert hit == {"round": 5, "global-epoch": 5.0, "wall-clock": 2.5, "bytes": 5 * 80}
