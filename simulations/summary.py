@@ -106,6 +106,9 @@ def method_label(config: dict[str, Any]) -> str:
 
 
 def split_label(config: dict[str, Any]) -> str:
+    if config.get("task") == "shakespeare":  # the data's own split: one client per role
+        per_round = int(config.get("clients-per-round", 0) or 0)
+        return f"roles-K{per_round}" if per_round else "roles"
     part = config.get("partitioner", "homogeneous")
     if part == "similarity":
         return f"similarity{float(config.get('similarity', 0)):g}"
