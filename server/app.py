@@ -19,7 +19,7 @@ from strategies.naive import NaiveParallelClip
 from tasks import cached_task, initial_model, partitions
 from tasks.config import RunConfig
 from tasks.device import pick_device
-from tasks.protocol import counts_rows, reply_limits
+from tasks.protocol import counts_rows, lr_scale_bound
 
 from .checkpoint import Checkpoint, refuse_non_finite, restore_strategy, resume_point, save_checkpoint, strategy_state
 from .evaluation import Evaluator
@@ -73,7 +73,7 @@ def reply_checks(task: object, model: torch.nn.Module) -> dict[str, Any]:
     parameters, the task's largest lr scale (``strategies.bound``, docs/DEPLOY.md)."""
     return {"verify_examples": counts_rows(task),
             "bound_keys": [k for k, p in model.named_parameters() if p.requires_grad],
-            "max_lr_scale": reply_limits(task)}
+            "max_lr_scale": lr_scale_bound(task)}
 
 
 def wait_for_federation(grid: Grid, cfg: RunConfig, poll: float = 0.5,
@@ -230,6 +230,7 @@ def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path) -> None:
 
     def evaluate_fn(server_round: int, round_arrays: ArrayRecord) -> MetricRecord | None:
         t0 = time.monotonic()
+        state = round_arrays.to_torch_state_dict()  # once a round: evaluation, finiteness, checkpoint
         epoch = strategy.epoch_at(server_round)
         row = round_row(server_round, epoch)
         if server_round > 0:
@@ -247,16 +248,16 @@ def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path) -> None:
                             metrics=metrics)
         metrics = None
         if cfg.evaluates(server_round):
-            metrics = evaluator(round_arrays.to_torch_state_dict())
+            metrics = evaluator(state)
             row.update(metrics)
         clock.exclude(time.monotonic() - t0)
         row["wall-clock"] = clock.now()
         writer.row(row)
         if server_round > 0:
-            refuse_non_finite(round_arrays.to_torch_state_dict(), server_round)
+            refuse_non_finite(state, server_round)
         if cfg.checkpoints(server_round):
             save_checkpoint(folder, Checkpoint(
-                round=server_round, arrays=round_arrays.to_torch_state_dict(), strategy_state=strategy_state(strategy),
+                round=server_round, arrays=state, strategy_state=strategy_state(strategy),
                 meta={"config": cfg.to_mapping(), "wall-clock": row["wall-clock"], "num-rounds": cfg.num_rounds},
             ))
         return MetricRecord(metrics) if metrics else None

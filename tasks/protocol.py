@@ -159,7 +159,7 @@ def counts_rows(task: object) -> bool:
     return example_counter(task) is default_count or bool(getattr(task, "counts_rows", False))
 
 
-def reply_limits(task: object) -> float:
+def lr_scale_bound(task: object) -> float:
     """The task's ``max_lr_scale`` for the server's reply filter (inf: unknown, filter off)."""
     value = getattr(task, "max_lr_scale", None)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float("inf")
