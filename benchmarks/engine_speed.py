@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from client.update import StepConfig, clipped_sgd_step  # noqa: E402
+from strategies.clipped_sgd import StepConfig, clipped_sgd_step  # noqa: E402
 from simulations.engine import Engine, EngineOptions  # noqa: E402
 from simulations.engine.distributed import World  # noqa: E402
 from simulations.engine.run import round_hparams  # noqa: E402

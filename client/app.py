@@ -1,12 +1,14 @@
-"""The ClientApp: a Flower Message in, one round of local clipped SGD, a Message out.
+"""The ClientApp: a Flower Message in, the method's client side for this node's client, a Message out.
 
 Thin by design: it reads the node's ``partition-id`` / ``num-partitions`` (or its
-``local-data`` directory: the host's own data, see ``client.local_data``) and the run
-config, and hands the arrays and the round's hyper-parameters to ``train_round``. A stateful task's
-per-client state (the language model's hidden state and place in its text) lives in the
-node's ``Context.state`` (one ArrayRecord per partition id), which Flower keeps for the node
-from round to round in simulation and deployment; a restarted SuperNode starts from an
-empty state (``client-state = "reset"``: no state at all).
+``local-data`` directory: the host's own data, see ``client.local_data``), the run config
+and the exchange the message carries (``strategies.wire.exchange_of``), and hands them to
+``client_round`` -- the client side of the method that answers the exchange's mode, on the
+same executor as the engine's clients. A stateful task's per-client state (the language
+model's hidden state and place in its text) and a method's own per-client state (SCAFFOLD's
+control variate) live in the node's ``Context.state`` (ArrayRecords per partition id), which
+Flower keeps for the node from round to round in simulation and deployment; a restarted
+SuperNode starts from an empty state (``client-state = "reset"``: no task state at all).
 """
 
 from __future__ import annotations
@@ -14,16 +16,16 @@ from __future__ import annotations
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from strategies.clientapp import gradient_reply, round_settings, train_reply
-from strategies.episode import CORRECTION_KEY, EPISODE_MODE, GLOBAL_NORM_KEY, RESAMPLE_MODE, resample_seed
-from strategies.naive import GRADIENT_MODE
+from strategies.algorithms import answering
+from strategies.clientapp import round_settings
+from strategies.wire import exchange_of, reply_of
 from tasks import cached_task, partitions
 from tasks.config import RunConfig
 from tasks.device import pick_device
 from tasks.protocol import is_stateful, state_to_cpu
 
 from .local_data import local_data
-from .local_round import gradient_round, train_round
+from .local_round import client_round
 
 app = ClientApp()
 
@@ -46,6 +48,16 @@ def load_client_state(context: Context, cfg: RunConfig, pid: int, task: object) 
 def keep_client_state(context: Context, pid: int, client_state: dict | None) -> None:
     if client_state is not None:
         context.state[state_key(pid)] = ArrayRecord(state_to_cpu(client_state))
+
+
+def memory_key(pid: int) -> str:
+    """Where this node keeps partition ``pid``'s method state (e.g. SCAFFOLD's c_i) in ``Context.state``."""
+    return f"method-state.{pid}"
+
+
+def load_memory(context: Context, pid: int) -> dict:
+    record = context.state.get(memory_key(pid))
+    return dict(record.to_torch_state_dict()) if isinstance(record, ArrayRecord) else {}
 
 
 def run_config(context: Context) -> RunConfig:
@@ -89,25 +101,16 @@ def train(msg: Message, context: Context) -> Message:
     pid = local.sampling_id if local else node_partition(context, cfg)
     data = (local.task, local.indices) if local else None
     settings = round_settings(msg)  # an error naming every missing key when another strategy drives this app
-    arrays = {k: v for k, v in msg.content.array_records.items() if k != CORRECTION_KEY}
-    state = next(iter(arrays.values())).to_torch_state_dict()
+    exchange = exchange_of(msg, settings)
     client_state = load_client_state(context, cfg, pid, local.task if local else cached_task(cfg))
+    memory = load_memory(context, pid) if answering(settings.mode).keeps_client_memory else None
+    results = client_round(cfg, pid, exchange, data, client_state, memory)
+    keep_client_state(context, pid, client_state)
+    if memory is not None:
+        context.state[memory_key(pid)] = ArrayRecord(state_to_cpu(memory))
     extra = {"partition-id": pid} if not local or local.partition_id is not None else {}
     extra["server-round"] = settings.server_round  # echoed: the server rejects a reply to another round
-    if settings.mode == GRADIENT_MODE:  # naive parallel clipping: the gradient, not a local update
-        grads, buffers, metrics = gradient_round(cfg, pid, settings, state, data, client_state)
-        keep_client_state(context, pid, client_state)
-        return gradient_reply(msg, grads, buffers, metrics, extra)
-    if settings.mode == RESAMPLE_MODE:  # EPISODE's G_r^i: a fresh minibatch, the running client state untouched
-        grads, buffers, metrics = gradient_round(cfg, pid, settings, state, data, None, resample_seed(cfg.seed))
-        return gradient_reply(msg, grads, buffers, metrics, extra)
-    episode = None
-    if settings.mode == EPISODE_MODE:
-        config = next(iter(msg.content.config_records.values()))
-        episode = (msg.content[CORRECTION_KEY].to_torch_state_dict(), float(config[GLOBAL_NORM_KEY]))
-    new_state, metrics = train_round(cfg, pid, settings, state, data, client_state, episode)
-    keep_client_state(context, pid, client_state)
-    return train_reply(msg, new_state, metrics, extra)
+    return reply_of(msg, results, extra)
 
 
 @app.evaluate()

@@ -1,4 +1,11 @@
-"""The ServerApp: run config -> model + strategy -> rounds -> results file and weights."""
+"""The ServerApp: run config -> model + the method's strategy -> rounds -> results file and weights.
+
+Thin by design: the method is the run config's ``algorithm`` (``strategies.algorithms``), run
+as a Flower strategy by ``strategies.base``; the rows, evaluation and checkpoints are the
+engine's too (``tasks.runs``); what is Flower's own -- the federation check, the watched
+grid, partial participation's node choice, resuming under ``Strategy.start`` -- lives here
+and beside it in ``server/``.
+"""
 
 from __future__ import annotations
 
@@ -12,22 +19,21 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, M
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
+from strategies.algorithms import method
 from strategies.averaging import state_nbytes
-from strategies.celgc import CELGC
-from strategies.episode_strategy import EPISODE
-from strategies.naive import NaiveParallelClip
+from strategies.base import ClippedSGDStrategy, flower_strategy
 from tasks import cached_task, initial_model, partitions
 from tasks.config import RunConfig
 from tasks.device import pick_device
 from tasks.protocol import counts_rows, lr_scale_bound
+from tasks.runs.checkpoint import Checkpoint, restore_strategy, resume_point
+from tasks.runs.evaluation import Evaluator
+from tasks.runs.recorder import RunRecorder
+from tasks.runs.run_folder import claim_run_folder
 
-from .checkpoint import Checkpoint, refuse_non_finite, restore_strategy, resume_point, save_checkpoint, strategy_state
-from .evaluation import Evaluator
 from .faults import WatchedGrid
 from .participation import node_selector
-from .results import ResultsWriter, RunClock, check_replies, round_row, save_weights
 from .resumed import ResumedStrategy
-from .run_folder import claim_run_folder
 
 app = ServerApp()
 
@@ -42,29 +48,22 @@ def strategy_metrics_only(records: list[RecordDict], weighted_by_key: str) -> Me
     return MetricRecord()
 
 
-def build_strategy(cfg: RunConfig, train_size: int, **reply_checks: Any) -> CELGC:
-    """The strategy named by ``algorithm`` with every setting from the config.
-
-    celgc and local-sgd (celgc with clip off) -> CELGC; naive -> NaiveParallelClip (a
-    CELGC subclass: one step a round, clients send gradients, the server clips); episode ->
-    EPISODE (a CELGC subclass: resampled gradients, then corrected local steps).
+def build_strategy(cfg: RunConfig, train_size: int, **reply_checks: Any) -> ClippedSGDStrategy:
+    """The Flower strategy of the method named by ``algorithm``, every setting from the config
+    (``strategies.base.flower_strategy``: the same arguments for every method).
     ``reply_checks``: ``verify_examples``, ``bound_keys``, ``max_lr_scale`` (``reply_checks``).
     """
-    common = dict(
+    h = cfg.hyper
+    return flower_strategy(method(cfg.algorithm))(
         **reply_checks,
-        lr=cfg.lr, clip=cfg.clip, batch_size=cfg.batch_size,
-        weight_decay=cfg.weight_decay, momentum=cfg.momentum, lr_decay=cfg.lr_decay,
-        lr_milestones=cfg.lr_milestones, train_size=train_size, aggregation=cfg.aggregation,
+        local_steps=h.local_steps, lr=h.lr, clip=h.clip, batch_size=h.batch_size, weight_decay=h.weight_decay,
+        momentum=h.momentum, lr_decay=h.lr_decay, lr_milestones=h.lr_milestones, aggregation=h.aggregation,
+        train_size=train_size, population=cfg.num_clients or None, exchange_timeout=cfg.round_timeout,
         num_clients=cfg.per_round or None, fraction_train=1.0, fraction_evaluate=0.0,  # 0: not yet resolved
         # every online node trains; a round needs min-replies of them (fault tolerance)
         min_train_nodes=cfg.required_replies, min_available_nodes=cfg.required_replies,
         train_metrics_aggr_fn=strategy_metrics_only,
     )
-    if cfg.algorithm == "naive":
-        return NaiveParallelClip(**common)
-    if cfg.algorithm == "episode":
-        return EPISODE(local_steps=cfg.local_steps, resample_timeout=cfg.round_timeout, **common)
-    return CELGC(local_steps=cfg.local_steps, **common)
 
 
 def reply_checks(task: object, model: torch.nn.Module) -> dict[str, Any]:
@@ -222,45 +221,25 @@ def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path) -> None:
     watched.expect(wait_for_federation(grid, cfg, partition_of=watched.partition_of), cfg.num_clients)
     if cfg.per_round < cfg.num_clients:  # partial participation: the round's K partitions, as on every backend
         strategy.select = node_selector(cfg, watched)
-    writer = ResultsWriter(folder, cfg.to_mapping(), {"train-size": task.train_size,
-                                                      "model-bytes": state_nbytes(model.state_dict())},
-                           resume_from=done if ckpt else None)
-    clock = RunClock(float(ckpt.meta.get("wall-clock", 0.0)) if ckpt else 0.0)
-    evaluator = Evaluator(cfg, task, model, device)
+    recorder = RunRecorder(cfg, Evaluator(cfg, task, model, device), folder,
+                           {"train-size": task.train_size, "model-bytes": state_nbytes(model.state_dict())},
+                           resumed=ckpt)
+    last_mode = strategy.algorithm.modes[-1]
 
     def evaluate_fn(server_round: int, round_arrays: ArrayRecord) -> MetricRecord | None:
-        t0 = time.monotonic()
         state = round_arrays.to_torch_state_dict()  # once a round: evaluation, finiteness, checkpoint
-        epoch = strategy.epoch_at(server_round)
-        row = round_row(server_round, epoch)
+        report, failures, failed, rejected = None, [], [], 0
         if server_round > 0:
-            failures = watched.take_failures()
-            rejected = [watched.relabel(f) for f in strategy.last_failures if ": rejected, " in f]
-            replies = int((strategy.last_round_metrics or {}).get("replies", 0))
-            check_replies(server_round, replies, cfg.required_replies, [WatchedGrid.describe(failures), *rejected])
-            lr, clip = strategy.round_hparams(server_round)
-            failed = sorted(failures, key=lambda k: (isinstance(k, str), k if isinstance(k, int) else 0, str(k)))
-            reasons = [WatchedGrid.describe({k: v}) for k, v in failures.items()] + rejected
-            metrics = dict(strategy.last_round_metrics or {})
-            metrics["rejected-replies"] = int(metrics.get("rejected-replies", 0)) + watched.take_rejected()
-            row = round_row(server_round, epoch, lr=lr, clip=clip, failed_nodes=failed,
-                            failures=reasons, resumed_from=done if done and server_round == done + 1 else None,
-                            metrics=metrics)
-        metrics = None
-        if cfg.evaluates(server_round):
-            metrics = evaluator(state)
-            row.update(metrics)
-        clock.exclude(time.monotonic() - t0)
-        row["wall-clock"] = clock.now()
-        writer.row(row)
-        if server_round > 0:
-            refuse_non_finite(state, server_round)
-        if cfg.checkpoints(server_round):
-            save_checkpoint(folder, Checkpoint(
-                round=server_round, arrays=state, strategy_state=strategy_state(strategy),
-                meta={"config": cfg.to_mapping(), "wall-clock": row["wall-clock"], "num-rounds": cfg.num_rounds},
-            ))
-        return MetricRecord(metrics) if metrics else None
+            report = strategy.last_report
+            grid_failures = watched.take_failures()
+            named = [f"{_name(watched.label(r.client))}: {'' if r.mode is last_mode else f'{r.mode.value} '}"
+                     f"rejected, {r.reason}" for r in (report.rejected if report is not None else [])]
+            failures = [WatchedGrid.describe({k: v}) for k, v in grid_failures.items()] + named
+            failed = sorted(grid_failures, key=lambda k: (isinstance(k, str), k if isinstance(k, int) else 0, str(k)))
+            rejected = watched.take_rejected()
+        recorder.record(server_round, strategy.epoch_at(server_round), state, report, failures=failures,
+                        failed_nodes=failed, rejected=rejected, server_state=strategy.state_dict())
+        return MetricRecord(recorder.last_evaluation) if recorder.last_evaluation else None
 
     final = arrays
     if done < cfg.num_rounds:
@@ -270,5 +249,9 @@ def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path) -> None:
             train_config=ConfigRecord(), evaluate_fn=runner.shift_evaluate(evaluate_fn) if done else evaluate_fn,
         )
         final = result.arrays
-    path = save_weights(final.to_torch_state_dict(), folder / "model.pt")
-    log(INFO, "Final weights: %s | results: %s", path, writer.path)
+    path = recorder.finish(final.to_torch_state_dict())
+    log(INFO, "Final weights: %s | results: %s", path, recorder.path)
+
+
+def _name(label: int | str) -> str:
+    return f"partition {label}" if isinstance(label, int) else str(label)

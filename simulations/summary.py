@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from server.results import read_results
+from tasks.runs.results import read_results
 from tasks.config import task_label
 
 RESULTS_FILE = "results.jsonl"

@@ -1,11 +1,14 @@
-"""Flower strategies of the paper, their client API and their pure math.
+"""The paper's methods for every backend: the algorithm layer, its Flower strategies and client API.
 
-``from strategies import CELGC`` gives the Flower strategy; ``strategies.clientapp`` is the
-client API for any ClientApp (round settings, I clipped steps, the reply). The pure modules
-(``strategies.averaging``, ``strategies.schedule``, ``strategies.clipped_sgd``,
-``strategies.local_update``) import no flwr, so the fast engine can use them where Flower
-is not installed: the strategy classes are loaded on first access. This package imports
-nothing else of the project: it is what the wheel installs.
+``from strategies import CELGC`` gives the Flower strategy (also ``EPISODE``,
+``NaiveParallelClip``, ``SCAFFOLD``); ``strategies.clientapp`` is the client API for any
+ClientApp (round settings, I clipped steps, the reply). Below them, importing no flwr (the
+fast engine uses them where Flower is not installed): the algorithm layer
+(``strategies.algorithm``, one module per method in ``strategies.algorithms``), the executors
+(``strategies.executors``), the averaging (``strategies.reduce``) and the pure math
+(``strategies.clipped_sgd``, ``strategies.averaging``, ``strategies.schedule``, ...). The
+strategy classes are loaded on first access. This package imports nothing else of the
+project: it is what the wheel installs.
 """
 
 from __future__ import annotations

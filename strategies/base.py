@@ -1,66 +1,55 @@
-"""What CELGC and naive parallel clipping share as Flower strategies: the clipped-SGD
-settings, the paper's schedule, the round config, and reply handling.
+"""The Flower adapter of the algorithm layer: a FedAvg that drives one method's rounds.
 
 ``ClippedSGDStrategy`` is a ``FedAvg`` that honours FedAvg's contract (``weighted_by_key``,
 ``arrayrecord_key``, ``configrecord_key``, ``train_metrics_aggr_fn`` and
-``evaluate_metrics_aggr_fn``, float weights) and adds the clipped-SGD round: it samples
-``num_clients`` clients, sends each the global arrays and the round's step settings, reads
-and checks every reply in ONE place (``read_reply``; a bad reply is rejected and counted,
-never averaged and never a crash), and hands the sound payloads to ``combine`` -- averaging
-parameters (CELGC) or taking one clipped step on averaged gradients (naive). Subclasses add
-their own knobs; none inherits a knob it must forbid.
+``evaluate_metrics_aggr_fn``, float weights, ``fraction_train`` / ``min_*_nodes``) and runs the
+rounds of its method (``algorithm_class``, ``strategies.algorithms``): ``configure_train``
+samples the nodes, starts the method's round and sends its exchanges (a method with two
+exchanges, EPISODE, has its first one answered inside ``configure_train``);
+``aggregate_train`` reads and checks every reply in ONE place (``strategies.wire.read_reply``:
+structure, ranges, the global model's layout, the method's bound on an honest reply; a bad
+reply is rejected and counted, never averaged and never a crash) and hands the sound ones to
+the method, whose typed ``RoundReport`` is kept as ``last_report``. The strategy classes of
+the methods (``CELGC``, ``NaiveParallelClip``, ``EPISODE``, ``SCAFFOLD``) only name their method
+and their own knobs.
 """
 
 from __future__ import annotations
 
-import math
-import numbers
+import functools
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg
-from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords, sample_nodes
+from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from flwr.supercore import log
 
-from .averaging import AGGREGATIONS, NON_FINITE, check_state, client_weights, state_nbytes
-from .replies import parse_metrics
+from .algorithm import Algorithm, Exchange, Round, RoundReport
+from .algorithms import CELGC as CELGCMethod
+from .averaging import NON_FINITE, check_state
+from .sampling import Select, sample
 from .schedule import global_epoch, scheduled
-
-#: round-config key -> the strategy argument that sets it (a caller's train_config may not set these)
-OWNED_KEYS = {"local-steps": "local_steps", "lr": "lr", "clip": "clip", "weight-decay": "weight_decay",
-              "momentum": "momentum", "batch-size": "batch_size"}
+from .settings import DEFAULTS, OWNED_KEYS, Hyper
+from .wire import Reply, client_results, messages, read_reply
 
 #: CELGC's own client metrics: a reply with neither comes from a ClientApp that does not run local clipped SGD
 OWN_METRICS = ("num-steps", "clip-fraction")
 
 
-@dataclass
-class ReadReply:
-    """One reply, read: its payload, metrics and weight, or the reason it is rejected."""
-
-    node: int
-    content: RecordDict
-    payload: Any = None
-    metrics: MetricRecord | None = None
-    weight: float = 0.0
-    reason: str | None = None
-
-
 class ClippedSGDStrategy(FedAvg):
-    """Base of the clipped-SGD strategies: settings, schedule, round config, reply handling.
+    """A method of ``strategies.algorithms`` as a Flower strategy.
 
     Parameters
     ----------
     lr : float
         eta, the learning rate (> 0).
-    clip : float (default: 1.0)
+    clip : float (default: 0.3, as every default: ``strategies.settings.Hyper``)
         gamma, the clipping threshold (> 0); ``math.inf`` disables clipping.
     batch_size : int (default: 32)
         Minibatch size of every step.
@@ -79,26 +68,34 @@ class ClippedSGDStrategy(FedAvg):
         Clients sampled per round: exactly ``num_clients`` once that many nodes are
         connected (at least ``min_train_nodes``, which defaults to ``num_clients``: the
         round waits for them). None: FedAvg's ``fraction_train`` sampling.
+    local_steps : int (default: 8)
+        I, local steps per round (the method's own classes set or refuse it).
+    population : int, optional
+        N, all clients, for a method whose server state depends on it (SCAFFOLD under
+        partial participation); None: the clients of each round.
     verify_examples : bool (default: False)
-        Reject a reply whose ``num-examples`` is not ``local_steps * batch_size`` (what a
-        client that counts a batch's rows processes): the server does not trust a client's
-        count. Off for clients that count examples otherwise.
+        Reject a reply whose ``num-examples`` is not the exchange's steps x ``batch_size``
+        (what a client that counts a batch's rows processes): the server does not trust a
+        client's count. Off for clients that count examples otherwise.
     bound_keys : sequence of str, optional
-        Names of the trainable parameters: reject a reply that moved them farther from the
-        global model than ``local_steps`` clipped steps can (``strategies.bound``; off where
-        no bound holds: momentum > 0 or clip = inf).
+        Names of the trainable parameters: replies are checked against them (a gradient
+        names exactly them) and against the method's bound on how far an honest client
+        moves them (``Algorithm.bound``; off where no bound holds).
     max_lr_scale : float (default: 1.0)
         The largest per-step lr scale an honest client uses (batches' ``lr_scale``);
-        ``math.inf`` turns the clipping-bound filter off.
+        ``math.inf`` turns the displacement bound off.
     select : callable, optional
         ``select(server_round, node_ids) -> node_ids``: which of the connected nodes
         (sorted ids, at least ``min_available_nodes`` of them, waited for) train in the
         round, instead of a uniform random sample -- e.g. the nodes holding the round's
         partitions under partial participation (``strategies.participation``), so every
         backend trains the same clients. It must return distinct connected node ids.
+    exchange_timeout : float, optional
+        Seconds to wait for the replies of a method's first exchanges (EPISODE's resample;
+        None: no limit); the last exchange's replies are waited for by ``Strategy.start``.
     **fedavg_kwargs
         Passed to ``FedAvg``: ``fraction_train``, ``fraction_evaluate``, ``min_train_nodes``,
-        ``min_evaluate_nodes``, ``min_available_nodes``, ``weighted_by_key`` (default
+        ``min_available_nodes``, ``weighted_by_key`` (default
         ``"num-examples"``: every reply needs it, a real number >= 0), ``arrayrecord_key``,
         ``configrecord_key``, ``train_metrics_aggr_fn`` (the clients' own metrics, kept in
         the round's metrics beside the strategy's), ``evaluate_metrics_aggr_fn``.
@@ -108,27 +105,28 @@ class ClippedSGDStrategy(FedAvg):
     error naming it (set the strategy's argument instead).
     """
 
-    #: local steps per round (CELGC: its ``local_steps``; naive parallel clipping: 1)
-    local_steps: int = 1
-    #: True where a reply cannot be used without the global model of ``configure_train``
-    needs_global: bool = False
+    #: the method this strategy runs
+    algorithm_class: ClassVar[type[Algorithm]] = CELGCMethod
 
     def __init__(
         self,
         lr: float,
-        clip: float = 1.0,
-        batch_size: int = 32,
-        weight_decay: float = 0.0,
-        momentum: float = 0.0,
-        lr_decay: float = 0.1,
-        lr_milestones: Sequence[float] = (),
+        clip: float = DEFAULTS.clip,
+        batch_size: int = DEFAULTS.batch_size,
+        weight_decay: float = DEFAULTS.weight_decay,
+        momentum: float = DEFAULTS.momentum,
+        lr_decay: float = DEFAULTS.lr_decay,
+        lr_milestones: Sequence[float] = DEFAULTS.lr_milestones,
         train_size: int | None = None,
-        aggregation: str = "uniform",
+        aggregation: str = DEFAULTS.aggregation,
         num_clients: int | None = None,
         verify_examples: bool = False,
         bound_keys: Sequence[str] | None = None,
         max_lr_scale: float = 1.0,
-        select: Callable[[int, list[int]], Sequence[int]] | None = None,
+        select: Select | None = None,
+        local_steps: int = DEFAULTS.local_steps,
+        population: int | None = None,
+        exchange_timeout: float | None = None,
         **fedavg_kwargs: Any,
     ) -> None:
         if num_clients is not None:
@@ -138,140 +136,115 @@ class ClippedSGDStrategy(FedAvg):
             fedavg_kwargs.setdefault("min_available_nodes", num_clients)
         super().__init__(**fedavg_kwargs)
         checks: list[tuple[bool, str]] = [
-            (math.isfinite(lr) and lr > 0, f"lr must be a finite number > 0, got {lr!r}"),
-            (clip > 0, f"clip must be > 0 (math.inf disables clipping), got {clip!r}"),
-            (isinstance(batch_size, int) and batch_size >= 1, f"batch_size must be an integer >= 1, got {batch_size!r}"),
-            (math.isfinite(weight_decay) and weight_decay >= 0, f"weight_decay must be >= 0, got {weight_decay!r}"),
-            (0 <= momentum < 1, f"momentum must be in [0, 1), got {momentum!r}"),
-            (0 < lr_decay <= 1, f"lr_decay must be in (0, 1], got {lr_decay!r}"),
-            (aggregation in AGGREGATIONS, f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}"),
-            (not lr_milestones or train_size is not None, "lr_milestones are global epochs: pass train_size too"),
-            (train_size is None or train_size >= 1, f"train_size must be >= 1, got {train_size!r}"),
-            (list(lr_milestones) == sorted(lr_milestones), f"lr_milestones must be increasing, got {list(lr_milestones)}"),
             (max_lr_scale >= 1, f"max_lr_scale must be >= 1 (math.inf: no bound), got {max_lr_scale!r}"),
             (select is None or callable(select), f"select must be callable (server_round, node_ids) -> node_ids, got {select!r}"),
+            (exchange_timeout is None or exchange_timeout > 0,
+             f"exchange_timeout must be > 0 seconds or None, got {exchange_timeout!r}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
-        self.lr = float(lr)
-        self.clip = float(clip)
-        self.batch_size = batch_size
-        self.weight_decay = float(weight_decay)
-        self.momentum = float(momentum)
-        self.lr_decay = float(lr_decay)
-        self.lr_milestones = tuple(float(m) for m in lr_milestones)
-        self.train_size = train_size
-        self.aggregation = aggregation
+        hyper = Hyper(local_steps=local_steps, batch_size=batch_size, lr=float(lr), clip=float(clip),
+                      weight_decay=float(weight_decay), momentum=float(momentum), lr_decay=float(lr_decay),
+                      lr_milestones=tuple(float(m) for m in lr_milestones), aggregation=aggregation)
         self.num_clients = num_clients
+        self.algorithm = self.algorithm_class(hyper, train_size=train_size, population=population,
+                                              per_round=self.clients_per_round())
         self.verify_examples = verify_examples
         self.bound_keys = list(bound_keys) if bound_keys is not None else None
         self.max_lr_scale = float(max_lr_scale)
         self.select = select
-        self._global: dict[str, torch.Tensor] = {}
-        self._sent: dict[int, int] = {}  # round -> number of train messages sent (clients sampled)
+        self.exchange_timeout = exchange_timeout
+        self._round: tuple[Round, Any, Exchange] | None = None
+        self._config = ConfigRecord()
         self._warned_foreign = False
+        self.last_report: RoundReport | None = None
         self.last_round_metrics: MetricRecord | None = None
         self.last_failures: list[str] = []
 
-    # --- settings ---------------------------------------------------------------------
-    def _summary_lines(self) -> list[str]:
-        """The algorithm's own first line(s) of ``summary()``."""
-        return []
+    # --- settings (the method's hyper-parameters) --------------------------------------
+    @property
+    def hyper(self) -> Hyper:
+        return self.algorithm.hyper
+
+    lr = property(lambda self: self.hyper.lr)
+    clip = property(lambda self: self.hyper.clip)
+    batch_size = property(lambda self: self.hyper.batch_size)
+    weight_decay = property(lambda self: self.hyper.weight_decay)
+    momentum = property(lambda self: self.hyper.momentum)
+    lr_decay = property(lambda self: self.hyper.lr_decay)
+    lr_milestones = property(lambda self: self.hyper.lr_milestones)
+    aggregation = property(lambda self: self.hyper.aggregation)
+    train_size = property(lambda self: self.algorithm.train_size)
+    local_steps = property(lambda self: self.algorithm.local_steps)
 
     def summary(self) -> None:
         """Log every setting."""
+        h = self.hyper
         log(INFO, "\t├──> %s settings:", type(self).__name__)
-        for line in self._summary_lines():
+        for line in self.algorithm.summary():
             log(INFO, "\t│\t├── %s", line)
+        log(INFO, "\t│\t├── local steps I: %d | batch size: %d", self.local_steps, h.batch_size)
         log(INFO, "\t│\t├── lr: %g | clip: %s | weight decay: %g | momentum: %g",
-            self.lr, "off" if math.isinf(self.clip) else f"{self.clip:g}", self.weight_decay, self.momentum)
+            h.lr, "off" if not h.clipping else f"{h.clip:g}", h.weight_decay, h.momentum)
         log(INFO, "\t│\t├── schedule: x%g at global epochs %s (train size %s)",
-            self.lr_decay, list(self.lr_milestones), self.train_size)
-        log(INFO, "\t│\t├── aggregation: %s | clients per round: %s", self.aggregation, self.num_clients or "all")
-        log(INFO, "\t│\t└── non-finite or mis-shaped replies are rejected")
+            h.lr_decay, list(h.lr_milestones), self.train_size)
+        log(INFO, "\t│\t├── aggregation: %s | clients per round: %s", h.aggregation, self.num_clients or "all")
+        log(INFO, "\t│\t└── non-finite, mis-shaped or out-of-bound replies are rejected")
         super().summary()
 
     def clients_per_round(self) -> int:
         """The clients a round samples when every node is connected."""
         return self.num_clients or max(self.min_train_nodes, 1)
 
-    def clients_before(self, server_round: int) -> int:
-        """Clients sampled in rounds 1 .. server_round - 1 (a round this strategy did not
-        configure, e.g. before a resume, counts ``clients_per_round()``)."""
-        nominal = self.clients_per_round()
-        return sum(self._sent.get(r, nominal) for r in range(1, server_round))
-
     def epoch_at(self, rounds_done: int, clients_per_round: int | None = None) -> float | None:
-        """Global epochs after ``rounds_done`` rounds (None without ``train_size``); by
-        default counted from the clients sampled, else at ``clients_per_round`` a round."""
-        if self.train_size is None:
-            return None
-        if clients_per_round is not None:
-            return global_epoch(rounds_done, clients_per_round, self.local_steps, self.batch_size, self.train_size)
-        return global_epoch(self.clients_before(rounds_done + 1), 1, self.local_steps, self.batch_size, self.train_size)
+        """Global epochs after ``rounds_done`` rounds (None without ``train_size``): counted from
+        the clients that trained, or at ``clients_per_round`` a round."""
+        if clients_per_round is None:
+            return self.algorithm.epoch_at(rounds_done)
+        return None if self.train_size is None else global_epoch(rounds_done, clients_per_round, self.local_steps,
+                                                                 self.hyper.batch_size, self.train_size)
 
     def round_hparams(self, server_round: int, clients_per_round: int | None = None) -> tuple[float, float]:
-        """(lr, clip) of a round after the schedule (epochs completed before the round; by
-        default counted from the clients sampled, else at ``clients_per_round`` a round)."""
-        if self.train_size is None:
-            return self.lr, self.clip
+        """(lr, clip) of a round after the schedule (epochs completed before the round): counted
+        from the clients that trained, or at ``clients_per_round`` a round."""
+        h = self.hyper
         if clients_per_round is None:
-            rounds_done, clients_per_round = self.clients_before(server_round), 1
-        else:
-            rounds_done = server_round - 1
-        return scheduled(self.lr, self.clip, rounds_done, clients_per_round, self.local_steps, self.batch_size,
-                         self.train_size, self.lr_milestones, self.lr_decay)
+            return self.algorithm.round_hparams(server_round)
+        if self.train_size is None:
+            return h.lr, h.clip
+        return scheduled(h.lr, h.clip, server_round - 1, clients_per_round, self.local_steps, h.batch_size,
+                         self.train_size, h.lr_milestones, h.lr_decay)
 
-    def round_config(self, server_round: int, clients_per_round: int | None = None) -> dict[str, Any]:
-        """The step settings every client receives in ``server_round``."""
-        lr, clip = self.round_hparams(server_round, clients_per_round)
-        return {
-            "local-steps": self.local_steps,
-            "lr": lr,
-            "clip": clip,
-            "weight-decay": self.weight_decay,
-            "momentum": self.momentum,
-            "batch-size": self.batch_size,
-        }
+    def round_config(self, server_round: int) -> dict[str, Any]:
+        """The settings every client receives in the first exchange of ``server_round``."""
+        lr, clip = self.round_hparams(server_round)
+        return self.algorithm.round_settings(server_round, self.algorithm.modes[0], lr, clip).to_config()
 
     def owned_keys(self) -> dict[str, str]:
         """Round-config keys this strategy sets -> the argument that sets them."""
         return dict(OWNED_KEYS)
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Server state carried across rounds (the method's), for checkpoints."""
+        return self.algorithm.state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore ``state_dict()`` (a resumed run continues with the same server state)."""
+        self.algorithm.load_state_dict(state)
+
     # --- rounds -----------------------------------------------------------------------
     def sample(self, grid: Grid, server_round: int | None = None) -> list[int]:
-        """This round's clients: ``num_clients`` of the connected nodes (FedAvg's
-        ``fraction_train`` without it), at least ``min_train_nodes`` (waited for); with
-        ``select``, the nodes it picks for ``server_round``."""
-        if self.select is not None:
-            return self._selected(grid, server_round)
-        connected = len(list(grid.get_node_ids()))
-        if self.num_clients is None:
-            size = max(int(connected * self.fraction_train), self.min_train_nodes)
-        else:
-            size = max(min(self.num_clients, connected), self.min_train_nodes)
-        node_ids, everyone = sample_nodes(grid, self.min_available_nodes, size)
-        log(INFO, "configure_train: Sampled %s nodes (out of %s)", len(node_ids), len(everyone))
-        return node_ids
-
-    def _selected(self, grid: Grid, server_round: int | None) -> list[int]:
-        if server_round is None:
-            raise ValueError("sample(grid, server_round) needs the round when the strategy has a select function")
-        _, everyone = sample_nodes(grid, self.min_available_nodes, 0)  # waits for min_available_nodes
-        connected = sorted(everyone)
-        node_ids = [int(n) for n in self.select(server_round, connected)]
-        strays = sorted(set(node_ids) - set(connected))
-        if strays or len(set(node_ids)) != len(node_ids):
-            raise ValueError(f"select({server_round}, ...) must return distinct connected node ids, got {node_ids} "
-                             f"(connected: {connected})")
-        log(INFO, "configure_train: Selected %s nodes (out of %s)", len(node_ids), len(connected))
-        return node_ids
+        """This round's clients (``strategies.sampling.sample``)."""
+        return sample(grid, num_clients=self.num_clients, fraction=self.fraction_train,
+                      min_train_nodes=self.min_train_nodes, min_available_nodes=self.min_available_nodes,
+                      select=self.select, server_round=server_round)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Send the global arrays and this round's settings to the sampled clients."""
+        """Start the method's round: its first exchanges answered here, the last one's
+        messages returned (the global arrays and the round's settings to the sampled clients)."""
         owned = self.owned_keys()
         clash = [k for k in config if k in owned]
         if clash:
@@ -279,127 +252,148 @@ class ClippedSGDStrategy(FedAvg):
                 f"train_config sets {', '.join(repr(k) for k in clash)}, which {type(self).__name__} sends every round: "
                 f"set {', '.join(f'{owned[k]}=' for k in clash)} on the strategy instead"
             )
+        self._round = None
+        self.last_failures = []
         if self.fraction_train == 0.0:
             return []
         node_ids = self.sample(grid, server_round)
-        own = ConfigRecord(dict(config))  # never mutate the caller's record
-        for key, value in self.round_config(server_round).items():
-            own[key] = value
-        own["server-round"] = server_round
-        self._global = arrays.to_torch_state_dict()
-        self._sent[server_round] = len(node_ids)
-        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: own})
-        return list(self._construct_messages(record, node_ids, MessageType.TRAIN))
+        config = ConfigRecord(dict(config))
+        config["server-round"] = server_round
+        self._config = config
+        rnd = self.algorithm.begin(server_round, arrays.to_torch_state_dict(), node_ids, trainable=self.bound_keys)
+        gen = self.algorithm.server(rnd)
+        exchange = next(gen)
+        while not exchange.final:
+            sent = self._messages(exchange, arrays)
+            replies = list(grid.send_and_receive(sent, timeout=self.exchange_timeout))
+            try:
+                exchange = gen.send(self._results(rnd, exchange, replies, sent=len(sent))[0])
+            except StopIteration as stop:  # the round ended early (no sound reply to go on with)
+                self._report(stop.value, [])
+                log(WARNING, "Round %d: no sound reply to the %s exchange, the round is skipped", server_round,
+                    exchange.mode.value)
+                return []
+        self._round = (rnd, gen, exchange)
+        return self._messages(exchange, arrays)
 
-    def unpack(self, content: RecordDict) -> tuple[Any, str | None]:
-        """(payload, reason to reject or None) of one reply's arrays."""
-        raise NotImplementedError
-
-    def payload_state(self, payload: Any) -> dict[str, torch.Tensor]:
-        """The tensors of a payload, checked against the global model (keys, shapes, dtypes)."""
-        raise NotImplementedError
-
-    def combine(self, server_round: int, payloads: list[Any], weights: list[float],
-                metrics: list[MetricRecord]) -> tuple[dict[str, torch.Tensor], dict[str, float | int]]:
-        """The new global state and the round's metrics from the sound replies."""
-        raise NotImplementedError
-
-    def read_reply(self, msg: Message) -> ReadReply:
-        """Read one reply: its MetricRecord, its weight (``weighted_by_key``) and its payload
-        (``unpack``), or the reason it is rejected. The one place a reply is read."""
-        node, content = msg.metadata.src_node_id, msg.content
-        records = content.metric_records
-        if len(records) != 1:
-            return ReadReply(node, content, reason=f"expected exactly one MetricRecord, got {len(records)}")
-        metrics = next(iter(records.values()))
-        if self.weighted_by_key not in metrics:
-            return ReadReply(node, content, metrics=metrics, reason=f"metrics lack {self.weighted_by_key!r} (weighted_by_key)")
-        weight = metrics[self.weighted_by_key]
-        if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not (math.isfinite(weight) and weight >= 0):
-            return ReadReply(node, content, metrics=metrics,
-                             reason=f"{self.weighted_by_key} must be a finite number >= 0, got {weight!r}")
-        _, reason = parse_metrics(metrics)
-        if reason is None and self.verify_examples and "num-examples" in metrics:
-            expected = self.local_steps * self.batch_size
-            if metrics["num-examples"] != expected:
-                reason = (f"num-examples {metrics['num-examples']!r} is not the {expected} examples of "
-                          f"{self.local_steps} step(s) of batch size {self.batch_size}")
-        if reason is not None:
-            return ReadReply(node, content, metrics=metrics, reason=reason)
-        payload, reason = self.unpack(content)
-        return ReadReply(node, content, payload=payload, metrics=metrics, weight=float(weight), reason=reason)
-
-    def check_payload(self, server_round: int, payload: Any, metrics: MetricRecord) -> str | None:
-        """Why a structurally sound reply cannot come from an honest client this round, or
-        None (subclasses: the clipping bound, naive's lr-scale); needs the round's global model."""
-        return None
-
-    def reference(self, read: list[ReadReply]) -> dict[str, torch.Tensor] | None:
-        """What replies are checked against: the global model sent this round, or without
-        ``configure_train`` the layout (keys, shapes, dtypes) most replies share."""
-        if self._global:
-            return self._global
-        if self.needs_global:
-            return None
-        layouts = Counter(_layout(self.payload_state(r.payload)) for r in read if r.reason is None)
-        if not layouts:
-            return None
-        common = layouts.most_common(1)[0][0]
-        return next(self.payload_state(r.payload) for r in read if r.reason is None
-                    and _layout(self.payload_state(r.payload)) == common)
+    def _messages(self, exchange: Exchange, arrays: ArrayRecord) -> list[Message]:
+        return messages(exchange, arrays, self._config, arrayrecord_key=self.arrayrecord_key,
+                        configrecord_key=self.configrecord_key)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Read and check every reply, then ``combine`` the sound ones; count rejected and
-        failed ones. Every reply rejected for one structural reason raises
+        """Read and check every reply, then give the sound ones to the method; count rejected
+        and failed ones. Every reply rejected for one structural reason raises
         ``InconsistentMessageReplies`` naming it (as FedAvg does), instead of an empty round."""
         replies = list(replies)
-        ok, failed = self._check_and_log_replies(replies, is_train=True, validate=False)
-        self.last_failures = [f"node {m.metadata.src_node_id}: {m.error.reason}" for m in failed]
-        read = [self.read_reply(msg) for msg in ok]
-        ref = self.reference(read)
-        for r in read:
-            if r.reason is None:
-                r.reason = (check_state(self.payload_state(r.payload), ref) if ref is not None else
-                            "no global model for this round: configure_train must run first")
-            if r.reason is None and self._global:
-                r.reason = self.check_payload(server_round, r.payload, r.metrics)
-        sound = [r for r in read if r.reason is None]
-        rejected = [r for r in read if r.reason is not None]
-        for r in rejected:
-            self.last_failures.append(f"node {r.node}: rejected, {r.reason}")
-            log(WARNING, "Round %d: rejected reply from node %d: %s", server_round, r.node, r.reason)
-        reasons = {r.reason for r in rejected}
-        if rejected and not sound and len(reasons) == 1 and not next(iter(reasons)).endswith(NON_FINITE):
-            raise InconsistentMessageReplies(
-                reason=f"round {server_round}: all {len(rejected)} replies rejected: {next(iter(reasons))}")
-        self._warn_foreign(sound)
-        sent = self._sent.get(server_round, 0)
-        summary = MetricRecord({
-            "replies": len(sound),
-            "rejected-replies": len(rejected),
-            "failed-replies": len(failed) + max(sent - len(replies), 0),
-            "bytes-sent": state_nbytes(self._global) * sent,
-            "bytes-received": sum(state_nbytes(self.payload_state(r.payload)) for r in read if r.payload is not None),
-        })
-        if not sound:
-            log(WARNING, "Round %d: no sound replies, the global model is unchanged", server_round)
-            self.last_round_metrics = summary
-            return None, summary
-        weights = client_weights([r.weight for r in sound], self.aggregation, self.weighted_by_key)
-        metrics = [r.metrics for r in sound]
-        state, round_metrics = self.combine(server_round, [r.payload for r in sound], weights, metrics)
-        summary.update(round_metrics)
-        for key, value in self._clients_metrics([r.content for r in sound]).items():
+        started = self._round if self._round is not None and self._round[0].server_round == server_round else None
+        self._round = None
+        if started is None and not replies and self.last_report is not None \
+                and self.last_report.server_round == server_round:  # a round configure_train already ended
+            return self._report(self.last_report, [])
+        if started is None:  # no configure_train: the replies are checked against each other
+            self.last_failures = []
+            rnd = self.algorithm.begin(server_round, {}, [m.metadata.src_node_id for m in replies],
+                                       trainable=self.bound_keys)
+            gen = self.algorithm.server(rnd)
+            exchange = next(gen)
+            sent = len(replies)
+        else:
+            rnd, gen, exchange = started
+            sent = len(exchange.clients)
+        results, sound = self._results(rnd, exchange, replies, sent=sent, final=True)
+        if not sound and not rnd.state:  # nothing to average and no global model to keep
+            return self._report(rnd.unchanged(), [])
+        try:
+            gen.send(results)
+        except StopIteration as stop:
+            return self._report(stop.value, [r.content for r in sound])
+        raise RuntimeError(f"{self.algorithm.name}: the round has more exchanges after the last one")
+
+    def _report(self, report: RoundReport, contents: list[RecordDict]) -> tuple[ArrayRecord | None, MetricRecord]:
+        self.last_report = report
+        summary = MetricRecord(dict(report.metrics))
+        for key, value in self._clients_metrics(contents).items():
             if key not in summary:  # the clients' own metrics; the strategy's own definitions win
                 summary[key] = value
         self.last_round_metrics = summary
-        return ArrayRecord(state), summary
+        if report.state is None:
+            if contents or report.replies == 0:
+                log(WARNING, "Round %d: no sound replies, the global model is unchanged", report.server_round)
+            return None, summary
+        return ArrayRecord(report.state), summary
+
+    def _results(self, rnd: Round, exchange: Exchange, replies: list[Message], *, sent: int, final: bool = False,
+                 ) -> tuple[Any, list[Reply]]:
+        """Read every reply of ``exchange``: (the sound ones as the method's results, the sound
+        replies); the failed and rejected ones recorded in the round and in ``last_failures``."""
+        ok, failed = self._check_and_log_replies(replies, is_train=True, validate=False)
+        label = "" if exchange.final else f"{exchange.mode.value} "
+        self.last_failures += [f"node {m.metadata.src_node_id}: {label}{m.error.reason}" for m in failed]
+        rnd.fail(len(failed) + max(sent - len(replies), 0))
+        groups = self.algorithm.reply_groups(exchange.mode)
+        examples = exchange.settings.local_steps * exchange.settings.batch_size if self.verify_examples else None
+        read = [read_reply(m, groups, weighted_by_key=self.weighted_by_key, examples=examples) for m in ok]
+        references = self._references(rnd, read, groups)
+        for r in read:
+            if r.reason is None:
+                r.reason = self._check(rnd, exchange, r, references, groups)
+        sound = [r for r in read if r.reason is None]
+        rejected = [r for r in read if r.reason is not None]
+        for r in rejected:
+            rnd.reject(r.node, r.reason)
+            rnd.received(r.nbytes)
+            self.last_failures.append(f"node {r.node}: {label}rejected, {r.reason}")
+            log(WARNING, "Round %d: rejected %sreply from node %d: %s", rnd.server_round, label, r.node, r.reason)
+        if final:
+            reasons = {r.reason for r in rejected}
+            if rejected and not sound and len(reasons) == 1 and not next(iter(reasons)).endswith(NON_FINITE):
+                raise InconsistentMessageReplies(
+                    reason=f"round {rnd.server_round}: all {len(rejected)} replies rejected: {next(iter(reasons))}")
+            self._warn_foreign(sound)
+        return client_results(sound, groups), sound
+
+    def _references(self, rnd: Round, read: list[Reply], groups: Sequence[str]) -> dict[str, dict | None]:
+        """What each group of a reply is checked against: the global model's layout, or without
+        ``configure_train`` the layout most replies share (a method that steps on the global
+        model cannot go on without it)."""
+        decoded = [r for r in read if r.reason is None]
+        out: dict[str, dict | None] = {}
+        for group in groups:
+            if rnd.state:
+                try:
+                    out[group] = rnd.like(group, decoded[0].groups if decoded else None)
+                except ValueError:
+                    out[group] = None
+                continue
+            layouts = Counter(_layout(r.groups[group]) for r in decoded)
+            if self.algorithm.needs_global or not layouts:
+                out[group] = None
+                continue
+            common = layouts.most_common(1)[0][0]
+            out[group] = next(r.groups[group] for r in decoded if _layout(r.groups[group]) == common)
+        return out
+
+    def _check(self, rnd: Round, exchange: Exchange, reply: Reply, references: dict[str, dict | None],
+               groups: Sequence[str]) -> str | None:
+        for group in groups:
+            ref = references[group]
+            if ref is None:
+                return "no global model for this round: configure_train must run first"
+            why = check_state(reply.groups[group], ref)
+            if why is not None:
+                return why if len(groups) == 1 else f"{group}: {why}"
+        if not rnd.state:
+            return None
+        return self.algorithm.check_result(exchange, reply.groups, reply.metrics or {}, self.bound_keys,
+                                           self.max_lr_scale)
 
     def _clients_metrics(self, contents: list[RecordDict]) -> MetricRecord:
         """``train_metrics_aggr_fn`` over the sound replies (FedAvg's default: the weighted mean
         by ``weighted_by_key``); metrics the default cannot average are left out with a warning."""
+        if not contents:
+            return MetricRecord()
         if self.train_metrics_aggr_fn is not aggregate_metricrecords:
             return self.train_metrics_aggr_fn(contents, self.weighted_by_key)
         try:
@@ -409,9 +403,9 @@ class ClippedSGDStrategy(FedAvg):
                 self.weighted_by_key, exc)
             return MetricRecord()
 
-    def _warn_foreign(self, sound: list[ReadReply]) -> None:
+    def _warn_foreign(self, sound: list[Reply]) -> None:
         """One warning when replies carry none of CELGC's own metrics."""
-        foreign = [r.node for r in sound if r.metrics is not None and not any(k in r.metrics for k in OWN_METRICS)]
+        foreign = [r.node for r in sound if r.record is not None and not any(k in r.record for k in OWN_METRICS)]
         if foreign and not self._warned_foreign:
             self._warned_foreign = True
             log(WARNING, "Replies from node(s) %s carry none of %s: those ClientApps are not running local clipped "
@@ -421,3 +415,12 @@ class ClippedSGDStrategy(FedAvg):
 
 def _layout(state: dict[str, torch.Tensor]) -> tuple:
     return tuple(sorted((k, tuple(v.shape), str(v.dtype)) for k, v in state.items()))
+
+
+@functools.cache
+def flower_strategy(method: type[Algorithm]) -> type[ClippedSGDStrategy]:
+    """The Flower strategy class of a method, with ``ClippedSGDStrategy``'s arguments for every
+    method (what the ServerApp builds; ``strategies.SCAFFOLD`` is one)."""
+    return type(method.__name__, (ClippedSGDStrategy,), {
+        "algorithm_class": method, "__module__": __name__,
+        "__doc__": f"{method.__doc__}\n\n    {method.paper}\n\n    Arguments: as ``ClippedSGDStrategy``."})

@@ -64,10 +64,12 @@ def norm(state: Mapping[str, Tensor], keys: Iterable[str]) -> float:
 
 def check_displacement(state: Mapping[str, Tensor], reference: Mapping[str, Tensor], keys: list[str], *,
                        local_steps: int, lr: float, clip: float, weight_decay: float = 0.0, momentum: float = 0.0,
-                       max_lr_scale: float = 1.0) -> str | None:
-    """Why a reply moved farther than an honest client can, or None."""
+                       max_lr_scale: float = 1.0, bound: float | None = None) -> str | None:
+    """Why a reply moved farther than an honest client can, or None. ``bound``: the method's
+    own bound on the displacement (default: ``max_displacement``, CELGC's clipped steps)."""
     x0 = norm(reference, keys)
-    bound = max_displacement(local_steps, lr, clip, weight_decay, momentum, x0, max_lr_scale)
+    if bound is None:
+        bound = max_displacement(local_steps, lr, clip, weight_decay, momentum, x0, max_lr_scale)
     if not math.isfinite(bound):
         return None
     moved = displacement(state, reference, keys)

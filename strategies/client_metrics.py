@@ -91,6 +91,22 @@ def finish_metrics(sums: Sequence[float], replies: int) -> dict[str, float | int
     return out
 
 
+def row_metrics(values: Sequence[float]) -> dict[str, float | int]:
+    """One client's row of the table as its reply reports it: the means (those it did not
+    measure -- NaN: a gradient's clip fraction, the cross-entropy of a plain loss -- left out)
+    and the counts as integers."""
+    v = dict(zip(COLUMNS, values, strict=True))
+    out: dict[str, float | int] = {"train-loss": v["train-loss"]}
+    if not math.isnan(v["clip-fraction"]):
+        out["clip-fraction"] = v["clip-fraction"]
+    out["grad-norm"] = v["grad-norm"]
+    for name in ("skipped-steps", "num-steps", "num-examples"):
+        out[name] = int(v[name])
+    if not math.isnan(v["train-ce"]):
+        out["train-ce"] = v["train-ce"]
+    return out
+
+
 def aggregate_client_metrics(records: Sequence[Mapping[str, object]]) -> dict[str, float | int]:
     """The round's metrics of the replies' MetricRecords (what the strategies report)."""
     if not records:

@@ -37,14 +37,15 @@ import torch
 from torch import Tensor
 
 from .clipped_sgd import StepConfig, grad_norm
+from .settings import Mode
 
 __all__ = ["CORRECTION_KEY", "EPISODE_MODE", "GLOBAL_NORM_KEY", "RESAMPLE_MODE", "clipping_round", "corrections",
            "episode_step", "resample_seed"]
 
 #: round-config ``mode`` of the first exchange: send G_r^i, the gradient at the global point
-RESAMPLE_MODE = "episode-resample"
+RESAMPLE_MODE = Mode.RESAMPLE.value
 #: round-config ``mode`` of the second exchange: I local EPISODE steps with the correction
-EPISODE_MODE = "episode"
+EPISODE_MODE = Mode.EPISODE.value
 #: the ArrayRecord of the second exchange holding the client's correction c_i
 CORRECTION_KEY = "correction"
 #: the round-config key of the second exchange holding ‖G_r‖

@@ -1,12 +1,14 @@
-"""The client side of CELGC, pure PyTorch (no flwr): a round's settings and I clipped steps.
+"""The client's local work, pure PyTorch (no flwr): one step, the round's steps, one gradient.
 
-``RoundSettings.from_config`` reads the step settings the strategy sends every round (an
-error names every missing key). ``local_update`` runs the ONE clipped step
-(``strategies.clipped_sgd.clipped_sgd_step``) over any iterable of batches -- tuples, dicts,
-custom objects, a ``torch.utils.data.DataLoader`` -- and returns the round's metrics
-(``strategies.client_metrics``); ``RoundStats`` keeps the sums on the device until then.
-Shared by this project's ClientApp, anyone's ClientApp (``strategies.clientapp``) and the
-fast engine.
+A local step is forward, backward and a step RULE on the trainable parameters; the rule is
+the method's (``clipped_rule``: CELGC's x <- x - min(lr, clip/|g|)(g + wd x); EPISODE's and
+SCAFFOLD's corrected steps are rules of their own, ``strategies.algorithms``). ``take_step``
+is that one step, for every caller: ``local_update`` (any ClientApp: any iterable of batches,
+tuples, dicts, custom objects, a ``torch.utils.data.DataLoader``) and the executors of
+``strategies.executors`` (the engine's clients, this project's ClientApp). ``RoundStats``
+keeps the round's sums on the device until the reply's metrics are read once
+(``strategies.client_metrics``). ``gradient_at`` is the other client primitive: the gradient
+of one minibatch at the model's point (naive parallel clipping, EPISODE's resample).
 """
 
 from __future__ import annotations
@@ -19,62 +21,49 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .client_metrics import COLUMNS, client_table
+from .client_metrics import client_table, row_metrics
 from .clipped_sgd import StepConfig, clipped_sgd_step
-from .episode import clipping_round, episode_step
+from .settings import ConfigError, RoundSettings
 
-__all__ = ["ConfigError", "LossFn", "RoundSettings", "RoundStats", "count_examples", "episode_update", "local_update",
-           "split_loss"]
+__all__ = ["ConfigError", "LossFn", "RoundSettings", "RoundStats", "Rule", "clipped_rule", "count_examples", "default_count",
+           "gradient_at", "local_update", "split_loss", "take_step"]
 
 #: ``loss_fn(model, batch)``: the scalar training loss, or (loss, cross-entropy) when the loss
 #: adds regularisers (the cross-entropy is reported apart as ``train-ce``)
 LossFn = Callable[[nn.Module, Any], "Tensor | tuple[Tensor, Tensor]"]
 
+#: ``fn(params, grads, bufs, cfg, lr_scale, extra) -> (new params, new bufs, stats)``, functional
+StepFn = Callable[..., tuple[list[Tensor], "list[Tensor] | None", dict[str, Tensor]]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A local step rule: ``fn`` (functional, returns new tensors) and what it supports.
+
+    ``extra``: the per-client tensors the rule reads (one per trainable parameter, e.g. a
+    correction), or none. ``vmappable``: it runs under ``torch.func.vmap`` (no host reads).
+    ``tensor_scale``: it accepts the batch's lr scale as a device tensor (no copy a step)."""
+
+    fn: StepFn
+    vmappable: bool = True
+    tensor_scale: bool = True
+
+    def __call__(self, params: list[Tensor], grads: list[Tensor], bufs: list[Tensor] | None, cfg: StepConfig,
+                 lr_scale: float | Tensor = 1.0, extra: list[Tensor] | None = None):
+        return self.fn(params, grads, bufs, cfg, lr_scale, extra)
+
+
+def _clipped(params, grads, bufs, cfg, lr_scale, extra):
+    return clipped_sgd_step(params, grads, bufs, cfg, lr_scale=lr_scale)
+
+
+#: CELGC's local step: clipped SGD (``strategies.clipped_sgd``)
+clipped_rule = Rule(_clipped)
+
 
 def split_loss(out: Tensor | tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | None]:
     """(training loss, cross-entropy or None) of what a loss function returned."""
     return out if isinstance(out, tuple) else (out, None)
-
-#: the round-config keys a clipped-SGD client needs (CELGC and NaiveParallelClip send them all)
-REQUIRED_KEYS = ("server-round", "local-steps", "batch-size", "lr", "clip", "weight-decay", "momentum")
-
-
-class ConfigError(ValueError):
-    """The round's config lacks or mangles the settings of local clipped SGD."""
-
-
-@dataclass(frozen=True)
-class RoundSettings:
-    """One round's settings, as the strategy sent them (already scheduled)."""
-
-    server_round: int
-    local_steps: int
-    batch_size: int
-    step: StepConfig
-    mode: str = "local"  # "gradient": naive parallel clipping asks for the gradient, not a local update
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> RoundSettings:
-        """The settings of a round's ConfigRecord; an error names every missing or bad key."""
-        missing = [k for k in REQUIRED_KEYS if k not in config]
-        if missing:
-            raise ConfigError(
-                f"the round's config lacks {', '.join(repr(k) for k in missing)}: this ClientApp runs local clipped SGD "
-                "and needs the CELGC (or NaiveParallelClip) strategy of `strategies` in the ServerApp, which sends "
-                f"{', '.join(REQUIRED_KEYS)} every round"
-            )
-        ints = {k: config[k] for k in ("server-round", "local-steps", "batch-size")}
-        bad = [f"{k}={v!r}" for k, v in ints.items()
-               if isinstance(v, bool) or not isinstance(v, int) or v < (0 if k == "server-round" else 1)]
-        reals = {k: config[k] for k in ("lr", "clip", "weight-decay", "momentum")}
-        bad += [f"{k}={v!r}" for k, v in reals.items() if isinstance(v, bool) or not isinstance(v, (int, float))]
-        if bad:
-            raise ConfigError(f"the round's config has bad values: {', '.join(bad)} (integers for server-round, "
-                              "local-steps >= 1, batch-size >= 1; numbers for lr, clip, weight-decay, momentum)")
-        step = StepConfig(lr=float(reals["lr"]), clip=float(reals["clip"]), weight_decay=float(reals["weight-decay"]),
-                          momentum=float(reals["momentum"]))
-        return cls(server_round=int(ints["server-round"]), local_steps=int(ints["local-steps"]),
-                   batch_size=int(ints["batch-size"]), step=step, mode=str(config.get("mode", "local")))
 
 
 @dataclass
@@ -116,18 +105,12 @@ class RoundStats:
 
     def as_metrics(self) -> dict[str, float | int]:
         """Read the sums once (one host sync) into the reply's metrics."""
-        values = dict(zip(COLUMNS, self.table()[0].tolist(), strict=True))
-        out: dict[str, float | int] = {
-            "train-loss": values["train-loss"],
-            "clip-fraction": values["clip-fraction"],
-            "grad-norm": values["grad-norm"],
-            "skipped-steps": int(values["skipped-steps"]),
-            "num-steps": self.steps,
-            "num-examples": self.examples,
-        }
-        if self.ce_sum is not None:
-            out["train-ce"] = values["train-ce"]
-        return out
+        return row_metrics(self.table()[0].tolist())
+
+
+def default_count(batch: Any) -> int:
+    """Examples in an (inputs, labels) batch (the tasks' default)."""
+    return len(batch[0])
 
 
 def count_examples(batch: Any) -> int:
@@ -165,80 +148,79 @@ def _exactly(batches: Iterable[Any], steps: int) -> Iterator[Any]:
                              "(restarted as needed) or an iterable of at least local-steps batches")
 
 
+def take_step(model: nn.Module, params: list[Tensor], bufs: list[Tensor] | None, batch: Any, loss_fn: LossFn,
+              rule: Rule, cfg: StepConfig, totals: RoundStats, examples: int, extra: list[Tensor] | None = None,
+              one: Tensor | None = None) -> list[Tensor] | None:
+    """One local step in place: forward, backward, ``rule`` on ``params``; adds to ``totals``;
+    returns the new momentum buffers. ``one``: a device scalar 1 (CUDA) that turns the batch's
+    lr scale into a device tensor for rules that take one (no host-to-device copy a step)."""
+    for p in params:
+        p.grad = None
+    loss, ce = split_loss(loss_fn(model, batch))
+    loss.backward()
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    with torch.no_grad():
+        # a batch may carry its own step scale (AWD-LSTM: seq_len / bptt; scales lr and clip)
+        scale = getattr(batch, "lr_scale", 1.0)
+        if one is not None and rule.tensor_scale:
+            scale = one * scale
+        elif not rule.tensor_scale:
+            scale = float(scale)
+        new_params, bufs, stats = rule(params, grads, bufs, cfg, scale, extra)
+        torch._foreach_copy_(params, new_params)
+    totals.add(loss, stats, examples, ce)
+    return bufs
+
+
+def trainable(model: nn.Module) -> list[Tensor]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 def local_update(
     model: nn.Module,
     batches: Iterable[Any],
     loss_fn: LossFn,
     cfg: RoundSettings | StepConfig,
     count: Callable[[Any], int] | int | None = None,
+    rule: Rule = clipped_rule,
 ) -> dict[str, float | int]:
     """Run clipped SGD on ``model`` in place; return the round's metrics for the reply.
 
     ``loss_fn(model, batch)`` returns the scalar training loss of one minibatch (or
-    (loss, cross-entropy), see ``split_loss``). With
-    ``RoundSettings`` exactly ``local_steps`` batches are used (a DataLoader is restarted
-    when it runs out); with a ``StepConfig`` every batch of ``batches``. ``count``: the
-    examples of a batch (a function or an int per batch); default ``count_examples``. The
-    momentum buffer starts at zero each round (clients are stateless between rounds).
+    (loss, cross-entropy), see ``split_loss``). With ``RoundSettings`` exactly
+    ``local_steps`` batches are used (a DataLoader is restarted when it runs out); with a
+    ``StepConfig`` every batch of ``batches``. ``count``: the examples of a batch (a function
+    or an int per batch); default ``count_examples``. The momentum buffer starts at zero each
+    round (clients are stateless between rounds).
     """
-    def step(params, grads, bufs, cfg_, scale):
-        return clipped_sgd_step(params, grads, bufs, cfg_, lr_scale=scale)
-    return _run_steps(model, batches, loss_fn, cfg, count, step)
-
-
-def episode_update(
-    model: nn.Module,
-    batches: Iterable[Any],
-    loss_fn: LossFn,
-    cfg: RoundSettings | StepConfig,
-    correction: Mapping[str, Tensor],
-    global_norm: float,
-    count: Callable[[Any], int] | int | None = None,
-) -> dict[str, float | int]:
-    """EPISODE's local steps (``strategies.episode.episode_step``) on ``model`` in place.
-
-    ``correction``: c_i = G_r - G_r^i by trainable parameter name (every one of them);
-    ``global_norm``: ‖G_r‖, which decides once for the whole round whether it clips
-    (``clip-fraction`` is then 1.0, else 0.0). Otherwise as ``local_update``.
-    """
-    names = [k for k, p in model.named_parameters() if p.requires_grad]
-    if set(correction) != set(names):
-        raise ValueError(f"the correction must hold every trainable parameter: missing "
-                         f"{sorted(set(names) - set(correction))}, unexpected {sorted(set(correction) - set(names))}")
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    corr = [correction[k].to(device) for k in names]
-    step_cfg = cfg.step if isinstance(cfg, RoundSettings) else cfg
-
-    def step(params, grads, bufs, cfg_, scale):
-        return episode_step(params, grads, corr, bufs, cfg_, clipping_round(global_norm, step_cfg, scale), scale)
-    return _run_steps(model, batches, loss_fn, cfg, count, step)
-
-
-def _run_steps(model: nn.Module, batches: Iterable[Any], loss_fn: LossFn, cfg: RoundSettings | StepConfig,
-               count: Callable[[Any], int] | int | None, step_fn: Callable[..., Any]) -> dict[str, float | int]:
-    """The loop of a round: forward, backward, ``step_fn(params, grads, bufs, step, lr_scale)``."""
     if isinstance(cfg, RoundSettings):
         step, batches = cfg.step, _exactly(batches, cfg.local_steps)
     else:
         step = cfg
     counter = (lambda _: count) if isinstance(count, int) else (count or count_examples)
     model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = trainable(model)
     device = params[0].device if params else torch.device("cpu")
     bufs = [torch.zeros_like(p) for p in params] if step.momentum > 0 else None
     totals = RoundStats.zeros(device)
     for batch in batches:
-        for p in params:
-            p.grad = None
-        loss, ce = split_loss(loss_fn(model, batch))
-        loss.backward()
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        with torch.no_grad():
-            # a batch may carry its own step scale (AWD-LSTM: seq_len / bptt; scales lr and clip)
-            scale = getattr(batch, "lr_scale", 1.0)
-            new_params, bufs, stats = step_fn(params, grads, bufs, step, scale)
-            torch._foreach_copy_(params, new_params)
-        totals.add(loss, stats, counter(batch), ce)
+        bufs = take_step(model, params, bufs, batch, loss_fn, rule, step, totals, counter(batch))
     for p in params:
         p.grad = None
     return totals.as_metrics()
+
+
+def gradient_at(model: nn.Module, batch: Any, loss_fn: LossFn) -> tuple[dict[str, Tensor], Tensor, Tensor | None]:
+    """(gradient of every trainable parameter by name -- zeros where unused --, loss, cross-entropy
+    or None) of one minibatch at the model's point, in training mode; nothing is applied (the
+    model's buffers keep what the forward pass wrote, e.g. BatchNorm statistics)."""
+    model.train()
+    named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
+    for _, p in named:
+        p.grad = None
+    loss, ce = split_loss(loss_fn(model, batch))
+    loss.backward()
+    grads = {k: p.grad.detach() if p.grad is not None else torch.zeros_like(p) for k, p in named}
+    for _, p in named:
+        p.grad = None  # the gradient now lives in ``grads`` only (no copy)
+    return grads, loss.detach(), None if ce is None else ce.detach()

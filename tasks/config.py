@@ -18,12 +18,14 @@ from typing import Any
 
 import tomllib
 
-from strategies.averaging import AGGREGATIONS
+from strategies.algorithms import METHODS, method
+from strategies.settings import DEFAULTS, Hyper
 
 TASKS = ("digits", "cifar10", "ptb", "wikitext2", "shakespeare")
 #: ``package.module:factory`` -- a task of your own (``tasks.custom``, README "Bring your own task")
 TASK_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-ALGORITHMS = ("celgc", "local-sgd", "naive", "episode")
+#: the methods (``strategies.algorithms``: one module each)
+ALGORITHMS = tuple(METHODS)
 PARTITIONERS = ("homogeneous", "similarity", "dirichlet")
 DEVICES = ("auto", "cpu", "cuda")
 CLIENT_STATES = ("keep", "reset")
@@ -38,24 +40,32 @@ def _key(name: str, doc: str, **kw: Any) -> Any:
     return field(metadata={"key": name, "doc": doc}, **kw)
 
 
+_HYPER = {f.metadata["key"]: f for f in dataclasses.fields(Hyper)}
+
+
+def _hyper(name: str) -> Any:
+    """A training hyper-parameter: its meaning and default are ``strategies.settings.Hyper``'s."""
+    return _key(name, _HYPER[name].metadata["doc"], default=getattr(DEFAULTS, _HYPER[name].name))
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Every setting of a run. Build with ``RunConfig.from_mapping`` (validates)."""
 
     task: str = _key("task", "data set + model: digits (offline default), cifar10, ptb, wikitext2, shakespeare, or your own \"package.module:factory\"", default="digits")
-    algorithm: str = _key("algorithm", "celgc, local-sgd (celgc with clip off), naive (parallel clipping, 1 step a round) or episode (resampled corrections, one clip decision a round)", default="celgc")
+    algorithm: str = _key("algorithm", "celgc, local-sgd (celgc with clip off), naive (parallel clipping, 1 step a round), episode (resampled corrections, one clip decision a round), single (one machine) or scaffold (control variates)", default="celgc")
     num_clients: int = _key("num-clients", "N, clients training every round; 0: follow the federation (Flower's num-supernodes; 8 on the engine)", default=0)
     clients_per_round: int = _key("clients-per-round", "K, clients sampled (uniformly, from seed and round) to train in each round; 0: all num-clients (the paper)", default=0)
     num_rounds: int = _key("num-rounds", "communication rounds", default=20)
-    local_steps: int = _key("local-steps", "I, local steps between averagings", default=8)
-    batch_size: int = _key("batch-size", "minibatch size per client and step", default=32)
-    lr: float = _key("lr", "eta, learning rate", default=0.3)
-    clip: float = _key("clip", "gamma, clipping threshold; \"off\" or \"inf\" disables clipping", default=0.3)
-    weight_decay: float = _key("weight-decay", "lambda, L2 weight decay", default=0.0)
-    momentum: float = _key("momentum", "mu, heavy-ball momentum as torch.optim.SGD (0 in the paper)", default=0.0)
-    lr_decay: float = _key("lr-decay", "factor applied to lr AND clip at each milestone", default=0.1)
-    lr_milestones: tuple[float, ...] = _key("lr-milestones", "global epochs of the decays, comma separated (\"80,120\")", default=())
-    aggregation: str = _key("aggregation", "uniform (the paper) or examples (weighted by examples)", default="uniform")
+    local_steps: int = _hyper("local-steps")
+    batch_size: int = _hyper("batch-size")
+    lr: float = _hyper("lr")
+    clip: float = _hyper("clip")
+    weight_decay: float = _hyper("weight-decay")
+    momentum: float = _hyper("momentum")
+    lr_decay: float = _hyper("lr-decay")
+    lr_milestones: tuple[float, ...] = _hyper("lr-milestones")
+    aggregation: str = _hyper("aggregation")
     partitioner: str = _key("partitioner", "homogeneous, similarity or dirichlet", default="homogeneous")
     similarity: float = _key("similarity", "s in [0, 100]: % of each class dealt i.i.d. (similarity partitioner)", default=0.0)
     dirichlet_alpha: float = _key("dirichlet-alpha", "alpha > 0 of the Dirichlet label skew", default=0.5)
@@ -148,6 +158,11 @@ class RunConfig:
     def clipping(self) -> bool:
         return not math.isinf(self.clip)
 
+    @property
+    def hyper(self) -> Hyper:
+        """The training hyper-parameters (``strategies.settings.Hyper``)."""
+        return Hyper(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Hyper)})
+
 
 def task_label(task: str) -> str:
     """``task`` as a file-name part: a built-in name as is, ``pkg.mod:factory`` -> ``pkg.mod.factory``."""
@@ -214,15 +229,12 @@ def _validate(c: RunConfig) -> None:
            f"task must be one of {', '.join(TASKS)} or an import path \"package.module:factory\", got {c.task!r}")
     one_of("algorithm", c.algorithm, ALGORITHMS)
     one_of("partitioner", c.partitioner, PARTITIONERS)
-    one_of("aggregation", c.aggregation, AGGREGATIONS)
     one_of("device", c.device, DEVICES)
     one_of("client-state", c.client_state, CLIENT_STATES)
     one_of("text-split", c.text_split, TEXT_SPLITS)
     at_least("nonmono", c.nonmono, 1)
     at_least("num-clients", c.num_clients, 0)
     at_least("num-rounds", c.num_rounds, 1)
-    at_least("local-steps", c.local_steps, 1)
-    at_least("batch-size", c.batch_size, 1)
     at_least("eval-every", c.eval_every, 1)
     at_least("seed", c.seed, 0)
     at_least("min-replies", c.min_replies, 0)
@@ -238,13 +250,9 @@ def _validate(c: RunConfig) -> None:
     _check(not c.clients_per_round or c.min_replies <= c.clients_per_round,
            f"min-replies ({c.min_replies}) must be <= clients-per-round ({c.clients_per_round}): only the sampled "
            "clients reply in a round")
-    _check(math.isfinite(c.lr) and c.lr > 0, f"lr must be a finite number > 0, got {c.lr}")
-    _check(c.clip > 0, f"clip must be > 0, or \"off\" to disable clipping, got {c.clip}")
-    _check(math.isfinite(c.weight_decay) and c.weight_decay >= 0, f"weight-decay must be >= 0, got {c.weight_decay}")
-    _check(0 <= c.momentum < 1, f"momentum must be in [0, 1), got {c.momentum}")
-    _check(0 < c.lr_decay <= 1, f"lr-decay must be in (0, 1], got {c.lr_decay}")
-    _check(all(math.isfinite(m) and m > 0 for m in c.lr_milestones), f"lr-milestones must be global epochs > 0, got {c.lr_milestones}")
-    _check(list(c.lr_milestones) == sorted(c.lr_milestones), f"lr-milestones must be increasing, got {c.lr_milestones}")
+    hyper = c.hyper  # the training hyper-parameters' own checks (strategies.settings.Hyper)
+    for problem in method(c.algorithm).problems(hyper) + method(c.algorithm).config_problems(c):
+        _check(False, problem)
     _check(0 <= c.similarity <= 100, f"similarity must be in [0, 100], got {c.similarity}")
     _check(math.isfinite(c.dirichlet_alpha) and c.dirichlet_alpha > 0, f"dirichlet-alpha must be > 0, got {c.dirichlet_alpha}")
     _check(c.node_wait > 0, f"node-wait must be > 0 seconds, got {c.node_wait}")
@@ -253,14 +261,6 @@ def _validate(c: RunConfig) -> None:
         _check(c.task in ("ptb", "wikitext2"), f"text-split = \"contiguous\" splits a text corpus (ptb, wikitext2), not task {c.task!r}")
         _check(c.partitioner == "homogeneous", "text-split = \"contiguous\" is a homogeneous split: it needs partitioner "
                f"\"homogeneous\", got {c.partitioner!r} (similarity 0 already gives each client one region)")
-    if c.algorithm == "naive":
-        _check(c.local_steps == 1, f"local-steps must be 1 for algorithm 'naive' (one step a round), got {c.local_steps}")
-    if c.algorithm == "episode":
-        _check(c.task not in ("ptb", "wikitext2") or c.client_state == "reset",
-               f"algorithm 'episode' resamples gradients from stateless minibatches: with task {c.task!r} set "
-               "client-state = \"reset\"")
-    if c.algorithm == "local-sgd":
-        _check(math.isinf(c.clip), f"clip must be \"off\" for algorithm 'local-sgd', got {c.clip}")
 
 
 def _value(text: str) -> Any:

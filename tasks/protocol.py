@@ -74,6 +74,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
+from strategies.local_update import default_count
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -141,11 +143,6 @@ def state_to(state: dict[str, Tensor], device: torch.device | str) -> dict[str, 
 
 def state_to_cpu(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return {k: v.detach().cpu() for k, v in state.items()}
-
-
-def default_count(batch: Any) -> int:
-    """Examples in an (inputs, labels) batch."""
-    return len(batch[0])
 
 
 def example_counter(task: object) -> Callable[[Any], int]:

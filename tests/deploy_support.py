@@ -14,9 +14,9 @@ import torch
 from flwr.app import Error, Message
 
 from client.app import app as client_app
-from loopback_grid import LoopbackGrid, run_server_app
+from simulations.loopback import LoopbackGrid, run_server_app
 from server.app import app as server_app
-from server.results import load_weights
+from tasks.runs.results import load_weights
 from tasks.config import RunConfig
 
 # Small and fast: a round costs ~10-15 s of Flower process spawning on 2 cores anyway.

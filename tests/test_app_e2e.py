@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from client.app import app as client_app
-from loopback_grid import LoopbackGrid, run_server_app
+from simulations.loopback import LoopbackGrid, run_server_app
 from server.app import FederationError
 from server.app import app as server_app
-from server.results import load_weights, read_results
+from tasks.runs.results import load_weights, read_results
 from tasks.config import RunConfig
 
 

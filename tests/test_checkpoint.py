@@ -16,18 +16,18 @@ import torch
 
 import server.app as server_module
 from client.app import app as client_app
-from loopback_grid import LoopbackGrid, run_server_app
+from simulations.loopback import LoopbackGrid, run_server_app
 from server.app import app as server_app
-from server.checkpoint import (
+from tasks.runs.checkpoint import (
     Checkpoint,
     CheckpointError,
     check_resumable,
     load_checkpoint,
     save_checkpoint,
 )
-from server.results import load_weights, read_results
+from tasks.runs.results import load_weights, read_results
 from server.resumed import ResumedStrategy
-from server.run_folder import claim_run_folder
+from tasks.runs.run_folder import claim_run_folder
 from tasks.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def test_loading_never_unpickles_arbitrary_objects(tmp_path, monkeypatch):
 
 WRITER = """
 import sys, torch
-from server.checkpoint import Checkpoint, save_checkpoint
+from tasks.runs.checkpoint import Checkpoint, save_checkpoint
 folder = sys.argv[1]
 big = {f"p{i}": torch.full((256, 256), float(i)) for i in range(24)}  # ~6 MB: writes take a while
 r = 1

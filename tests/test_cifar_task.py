@@ -10,8 +10,8 @@ import torch
 
 import tasks as local_round
 import tasks.cifar_task as cifar_task
-from loopback_grid import run_in_process
-from server.results import read_results
+from simulations.loopback import run_in_process
+from tasks.runs.results import read_results
 from tasks import load_task
 from tasks.cifar import BATCHES_DIR, CIFAR10_MEAN, CIFAR10_STD, TEST_BATCH, TRAIN_BATCHES
 from tasks.config import RunConfig

@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from client.app import train as project_train
-from loopback_grid import LoopbackGrid
+from simulations.loopback import LoopbackGrid
 from strategies import CELGC
 from strategies.clientapp import ConfigError, RoundSettings, local_update, round_settings, train_reply
 from tasks.config import RunConfig

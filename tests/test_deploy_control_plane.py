@@ -19,7 +19,7 @@ import sys
 import pytest
 from deploy_support import DEPLOY_CONFIG, assert_same_weights, needs_openssl, netns_list, reference_run, tcp_peers
 
-from server.results import read_results
+from tasks.runs.results import read_results
 from simulations.flower.cli import FlowerCliError, flwr_json
 from simulations.flower.deploy import REPO, Deployment
 from simulations.flower.netns import Namespaces

@@ -19,11 +19,11 @@ from deploy_support import DEPLOY_CONFIG, FaultyGrid, assert_same_weights, needs
 
 from client.app import app as client_app
 from client.local_data import export_partition, read_digits
-from loopback_grid import LoopbackGrid, run_server_app
+from simulations.loopback import LoopbackGrid, run_server_app
 from server.app import app as server_app
-from server.checkpoint import load_checkpoint
+from tasks.runs.checkpoint import load_checkpoint
 from server.faults import NotEnoughNodes
-from server.results import read_results
+from tasks.runs.results import read_results
 from simulations.flower.deploy import Deployment, Proc, last_record
 from tasks.config import RunConfig
 

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 from deploy_support import DEPLOY_CONFIG, assert_same_weights, needs_openssl, reference_run
 
-from server.results import read_results
+from tasks.runs.results import read_results
 from simulations.flower.deploy import DEPLOY, Deployment, free_port
 
 pytestmark = [needs_openssl, pytest.mark.realproc]

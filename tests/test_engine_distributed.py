@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from server.results import load_weights, read_results
+from tasks.runs.results import load_weights, read_results
 from simulations.engine import Engine, EngineOptions, run_engine
 from simulations.engine.distributed import World, shard
 from simulations.engine.options import split_engine_keys

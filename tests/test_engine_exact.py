@@ -11,7 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from client.update import RoundStats, StepConfig, clipped_sgd_step, local_update
+from strategies.clipped_sgd import StepConfig, clipped_sgd_step
+
+from strategies.local_update import RoundStats, local_update
 from simulations.engine import EngineOptions, aggregate, run_engine
 from simulations.engine.aggregate import ClientMetrics, average_round
 from simulations.engine.distributed import World

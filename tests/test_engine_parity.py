@@ -23,9 +23,9 @@ pytest.importorskip("flwr")
 import tasks as local_round  # noqa: E402
 import tasks.digits  # noqa: E402
 from client.app import app as client_app  # noqa: E402
-from loopback_grid import LoopbackGrid, run_server_app  # noqa: E402
+from simulations.loopback import LoopbackGrid, run_server_app  # noqa: E402
 from server.app import app as server_app  # noqa: E402
-from server.results import load_weights, read_results  # noqa: E402
+from tasks.runs.results import load_weights, read_results  # noqa: E402
 from simulations.engine import EngineOptions, run_engine  # noqa: E402
 from tasks import (
     load_task,  # noqa: E402

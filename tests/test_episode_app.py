@@ -16,10 +16,10 @@ import client.local_round
 import tasks as local_round
 import tasks.digits
 from client.app import app as client_app
-from loopback_grid import LoopbackGrid, run_server_app
+from simulations.loopback import LoopbackGrid, run_server_app
 from server.app import app as server_app
 from server.app import build_strategy, initial_model
-from server.results import load_weights, read_results
+from tasks.runs.results import load_weights, read_results
 from simulations.engine import EngineOptions, run_engine
 from strategies.episode import CORRECTION_KEY, RESAMPLE_MODE, resample_seed
 from strategies.episode_strategy import EPISODE

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from server.results import read_results
+from tasks.runs.results import read_results
 from simulations.engine import EngineOptions, run_engine
 from simulations.loopback import run_in_process
 from strategies.iterate_average import IterateAverage

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from loopback_grid import LoopbackGrid, run_server_app
+from simulations.loopback import LoopbackGrid, run_server_app
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "quickstart-celgc"

@@ -11,11 +11,11 @@ from flwr.common.config import parse_config_args
 
 import client.local_round as local_round
 from client.app import app as client_app
-from client.update import RoundSettings
-from loopback_grid import LoopbackGrid, run_server_app
+from strategies.local_update import RoundSettings
+from simulations.loopback import LoopbackGrid, run_server_app
 from server.app import app as server_app
 from server.app import initial_model
-from server.results import load_weights, read_results
+from tasks.runs.results import load_weights, read_results
 from simulations.runner import load_experiment
 from tasks import load_task
 from tasks.config import RunConfig

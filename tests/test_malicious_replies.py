@@ -12,9 +12,9 @@ from deploy_support import DEPLOY_CONFIG, FaultyGrid, assert_same_weights
 from flwr.app import ArrayRecord, MetricRecord
 
 from client.app import app as client_app
-from loopback_grid import run_server_app
+from simulations.loopback import run_server_app
 from server.app import app as server_app
-from server.results import read_results
+from tasks.runs.results import read_results
 from tasks.config import RunConfig
 
 CONFIG = {**DEPLOY_CONFIG, "num-clients": 3, "num-rounds": 2, "node-wait": 2.0, "min-replies": 2}

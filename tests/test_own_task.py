@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 import tasks
-from server.results import read_results
+from tasks.runs.results import read_results
 from simulations.engine import run_engine
 from simulations.summary import Run
 from tasks import load_task

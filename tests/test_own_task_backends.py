@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import tasks
-from server.results import load_weights, read_results
+from tasks.runs.results import load_weights, read_results
 from simulations.engine import EngineOptions, run_engine
 from simulations.loopback import run_in_process
 from simulations.runner import load_experiment, run_experiment

@@ -14,10 +14,10 @@ from test_client_state import tiny_ptb, values  # noqa: E402,F401  (fixture)
 from test_engine_parity import assert_same_run, smooth_digits  # noqa: E402,F401  (fixture)
 
 from client.app import app as client_app  # noqa: E402
-from loopback_grid import LoopbackGrid, run_server_app  # noqa: E402
+from simulations.loopback import LoopbackGrid, run_server_app  # noqa: E402
 from server.app import app as server_app  # noqa: E402
 from server.faults import WatchedGrid  # noqa: E402
-from server.results import load_weights, read_results  # noqa: E402
+from tasks.runs.results import load_weights, read_results  # noqa: E402
 from simulations.engine import EngineOptions, run_engine  # noqa: E402
 from strategies.celgc import CELGC  # noqa: E402
 from strategies.participation import participants  # noqa: E402

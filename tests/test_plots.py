@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from server.results import ResultsWriter
+from tasks.runs.results import ResultsWriter
 from simulations import plots
 from simulations.summary import (
     common_target,

@@ -12,9 +12,9 @@ import strategies.celgc as celgc
 import tasks
 import tasks.language as language
 from client.app import app as client_app
-from loopback_grid import LoopbackGrid, run_server_app
+from simulations.loopback import LoopbackGrid, run_server_app
 from server.app import app as server_app
-from server.results import read_results
+from tasks.runs.results import read_results
 from strategies import bound
 from tasks.config import RunConfig
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from client.app import app as client_app
-from loopback_grid import LoopbackGrid, run_server_app
+from simulations.loopback import LoopbackGrid, run_server_app
 from server.app import app as server_app
-from server.checkpoint import CheckpointError, load_checkpoint
-from server.results import load_weights, read_results
-from server.run_folder import LOCK, RunFolderError, claim_run_folder
+from tasks.runs.checkpoint import CheckpointError, load_checkpoint
+from tasks.runs.results import load_weights, read_results
+from tasks.runs.run_folder import LOCK, RunFolderError, claim_run_folder
 from simulations.engine import run as engine_run
 from simulations.engine.run import run_engine
 from tasks.config import RunConfig
@@ -159,7 +159,7 @@ def test_stale_checkpoint_temp_files_are_removed(tmp_path):
 
 HOLDER = """
 import sys
-from server.run_folder import claim_run_folder
+from tasks.runs.run_folder import claim_run_folder
 with claim_run_folder(sys.argv[1], resume=False):
     print("held", flush=True)
     sys.stdin.read()

@@ -12,8 +12,8 @@ import torch
 
 import tasks as tasks_pkg
 import tasks.shakespeare as shk
-from loopback_grid import run_in_process
-from server.results import load_weights, read_results
+from simulations.loopback import run_in_process
+from tasks.runs.results import load_weights, read_results
 from simulations.engine import EngineOptions, run_engine
 from tasks import load_task
 from tasks.config import RunConfig

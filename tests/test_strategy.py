@@ -7,7 +7,7 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from loopback_grid import LoopbackGrid
+from simulations.loopback import LoopbackGrid
 from strategies import CELGC
 from strategies.averaging import average_states, check_state, client_weights, finalize, weighted_sum
 

@@ -28,7 +28,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Message
 from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg
 
-from loopback_grid import LoopbackGrid
+from simulations.loopback import LoopbackGrid
 from strategies import CELGC
 
 

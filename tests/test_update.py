@@ -6,7 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from client.update import StepConfig, clipped_sgd_step, local_update
+from strategies.clipped_sgd import StepConfig, clipped_sgd_step
+
+from strategies.local_update import local_update
 
 
 def make_model(seed=0):

@@ -1,20 +1,20 @@
-"""The fast engine: the paper's algorithms without Flower messaging, as close to the hardware
+"""The fast engine: the paper's methods without Flower messaging, as close to the hardware
 as we can get, on one device, many GPUs or many hosts (``torchrun``).
+
+A driver of the algorithm layer, not a second implementation of any method: each round it
+runs the method's server side (``strategies.algorithm``: a generator of exchanges) and hands
+every exchange to the method's client side on its executors (``strategies.executors``:
+clients one after another, or stacked with ``torch.func.vmap``); the averages are ONE flat
+all-reduce per exchange across processes (``strategies.reduce``). Its code names no method.
 
 Files:
 
-* ``run.py`` -- the round loop, results and the CLI (``python -m simulations.engine``);
-* ``vectorised.py`` -- clients stacked and stepped together with ``torch.func.vmap``
-  (bf16 autocast, channels-last, CUDA-graph capture as switches);
-* ``sequential.py`` -- one module per client (models vmap cannot take, e.g. ``nn.LSTM``),
-  on one CUDA stream per client;
+* ``run.py`` -- the round loop, results (``tasks.runs``) and the CLI (``python -m simulations.engine``);
 * ``distributed.py`` -- process group, balanced sharding of clients, the one all-reduce;
-* ``aggregate.py`` -- clients' states and metrics -> one flat vector -> the average;
 * ``options.py`` -- the ``engine-*`` switches and the ``--run-config`` parser;
 * ``progress.py`` -- the per-round progress display (rich).
 
-The math is the Flower path's own (``client.update.clipped_sgd_step``, ``RoundStats``,
-``strategies.averaging``, ``strategies.schedule``); nothing here imports flwr.
+Nothing here imports flwr, ``server`` or ``client`` (an import contract checks it).
 """
 
 from .options import EngineOptions

@@ -1,40 +1,41 @@
-"""Clients one model each, stepped one after another: the path for models vmap cannot take.
+"""Clients one model each, stepped one after another: the executor for any model.
 
-``nn.LSTM`` (cuDNN) has no vmap batching rule and random layers (dropout) cannot be drawn
-per client under vmap's default ``randomness="error"``, so such models run here: each client
-has its own ``nn.Module`` and takes its steps with autograd and ``clipped_sgd_step``, the
-body of ``client.update.local_update`` without its per-round host sync. On CUDA every client
-runs on its own stream, the steps interleaved client by client, so independent clients
-overlap on the GPU; nothing reads back to the host inside the round.
+Each client has its own ``nn.Module`` and takes its steps with autograd and the method's
+step rule (``strategies.local_update.take_step``, the one step every client path takes).
+It is what this project's ClientApp runs (one client) and the engine's path for models
+``torch.func.vmap`` cannot take (``nn.LSTM`` has no vmap batching rule, random layers cannot
+be drawn per client under vmap's default ``randomness="error"``). On CUDA every client runs
+on its own stream, the steps interleaved client by client, so independent clients overlap on
+the GPU; nothing reads back to the host inside the round.
 
 Random layers draw from the device's default generator, reseeded before every step of every
 client from (seed, round, partition id, step) inside ``torch.random.fork_rng`` (tasks that
 seed their own dropout, like the language task, override it), so dropout masks depend on
-none of: the order of clients, the streams, the number of processes.
+none of: the order of clients, the streams, the number of processes, the backend.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from client.update import RoundStats, StepConfig, clipped_sgd_step, split_loss
-from strategies.episode import clipping_round, episode_step
-from tasks.protocol import default_count
-
-from .vectorised import Count, LossFn
+from ..clipped_sgd import StepConfig
+from ..local_update import LossFn, RoundStats, Rule, clipped_rule, default_count, gradient_at, take_step, trainable
 
 Seed = Callable[[int, int], int]  # (client index, step) -> seed of that step's random ops
+Count = Callable[[Any], int]
 
 
 class SequentialClients:
     """``n`` clients, one ``nn.Module`` each (built by ``build_model``) on ``device``."""
 
     path = "sequential"
+    vectorised = False
 
     def __init__(self, build_model: Callable[[], nn.Module], loss_fn: LossFn, n: int, device: torch.device, *,
                  count: Count = default_count, streams: bool = True) -> None:
@@ -51,7 +52,6 @@ class SequentialClients:
         self._generator = torch.cuda.default_generators[index] if cuda else torch.default_generator
         use_streams = streams and cuda and n > 1
         self.streams = [torch.cuda.Stream(device) for _ in range(n)] if use_streams else None
-        self.last_ce: Tensor | None = None  # [n] cross-entropy of the last ``gradients`` (loss_fn returns (loss, ce))
 
     @property
     def n(self) -> int:
@@ -60,6 +60,15 @@ class SequentialClients:
     def load(self, state: Mapping[str, Tensor]) -> None:
         for model in self.models:
             model.load_state_dict(state)
+
+    def subset(self, positions: list[int]) -> SequentialClients:
+        """The clients at ``positions`` (sharing their modules): an exchange some clients left."""
+        if list(positions) == list(range(self.n)):
+            return self
+        view = copy.copy(self)
+        view.models = [self.models[i] for i in positions]
+        view.streams = None if self.streams is None else [self.streams[i] for i in positions]
+        return view
 
     def client_states(self) -> list[dict[str, Tensor]]:
         """Each client's state (the modules' own tensors, not copies)."""
@@ -88,14 +97,16 @@ class SequentialClients:
         return torch.cuda.stream(self.streams[i]) if self.streams is not None else contextlib.nullcontext()
 
     def run_round(self, iters: list[Iterator[Any]], cfg: StepConfig, seed: Seed | None = None,
-                  episode: tuple[list[list[Tensor]], float] | None = None) -> list[RoundStats]:
+                  rule: Rule = clipped_rule, extra: list[list[Tensor]] | None = None) -> list[RoundStats]:
         """All local steps of one round (step-major: every client's step s, then s + 1).
 
-        ``episode`` = (each client's correction by trainable parameter, ‖G_r‖): EPISODE's
-        steps (``strategies.episode.episode_step``) instead of clipped SGD's."""
+        ``rule``: the method's local step; ``extra``: each client's tensors it reads (one per
+        trainable parameter), e.g. EPISODE's correction."""
         if len(iters) != self.n:
             raise ValueError(f"{len(iters)} batch streams for {self.n} clients")
-        params = [[p for p in m.parameters() if p.requires_grad] for m in self.models]
+        params = [trainable(m) for m in self.models]
+        if extra is not None:
+            extra = [[t.to(self.device) for t in e] for e in extra]
         bufs: list[list[Tensor] | None] = [
             [torch.zeros_like(p) for p in ps] if cfg.momentum > 0 else None for ps in params]
         totals = [RoundStats.zeros(self.device) for _ in self.models]
@@ -114,24 +125,8 @@ class SequentialClients:
                             continue
                         if seed is not None:
                             self._generator.manual_seed(seed(i, step))
-                        for p in params[i]:
-                            p.grad = None
-                        loss, ce = split_loss(self.loss_fn(model, batch))
-                        loss.backward()
-                        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params[i]]
-                        with torch.no_grad():
-                            scale = getattr(batch, "lr_scale", 1.0)
-                            if one is not None:  # on CUDA: lr and clip as device tensors, no copy a step
-                                scale = one * scale
-                            if episode is not None:
-                                corr, norm = episode
-                                scale = float(getattr(batch, "lr_scale", 1.0))
-                                new, bufs[i], stats = episode_step(params[i], grads, corr[i], bufs[i], cfg,
-                                                                   clipping_round(norm, cfg, scale), scale)
-                            else:
-                                new, bufs[i], stats = clipped_sgd_step(params[i], grads, bufs[i], cfg, lr_scale=scale)
-                            torch._foreach_copy_(params[i], new)
-                        totals[i].add(loss, stats, self.count(batch), ce)
+                        bufs[i] = take_step(model, params[i], bufs[i], batch, self.loss_fn, rule, cfg, totals[i],
+                                            self.count(batch), None if extra is None else extra[i], one)
                 step += 1
             for ps in params:
                 for p in ps:
@@ -139,10 +134,10 @@ class SequentialClients:
         return totals
 
     def gradients(self, iters: list[Iterator[Any]], seed: Seed | None = None,
-                  ) -> tuple[list[dict[str, Tensor]], Tensor, Tensor | None, Tensor]:
-        """Each client's gradient on its next batch (naive parallel clipping): (one dict of
-        gradients per client, loss [n], per-client lr_scale or None, examples [n]); the
-        models keep the buffers their forward pass updated."""
+                  ) -> tuple[list[dict[str, Tensor]], Tensor, Tensor | None, Tensor, Tensor | None]:
+        """Each client's gradient on its next batch: (one dict of gradients per client, loss
+        [n], per-client lr_scale or None, examples [n], cross-entropy [n] or None); the models
+        keep the buffers their forward pass updated."""
         grads, losses, scales, examples, ces = [], [], [], [], []
         with self._round():
             for i, model in enumerate(self.models):
@@ -150,22 +145,14 @@ class SequentialClients:
                     batch = next(iters[i])
                     if seed is not None:
                         self._generator.manual_seed(seed(i, 0))
-                    model.train()
-                    named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
-                    for _, p in named:
-                        p.grad = None
-                    loss, ce = split_loss(self.loss_fn(model, batch))
-                    loss.backward()
+                    g, loss, ce = gradient_at(model, batch, self.loss_fn)
+                    grads.append(g)
                     if ce is not None:
-                        ces.append(ce.detach().float())
-                    grads.append({k: p.grad.detach() if p.grad is not None else torch.zeros_like(p)
-                                  for k, p in named})
-                    for _, p in named:
-                        p.grad = None  # the gradient now lives in ``grads`` only (no copy)
-                    losses.append(loss.detach().float())
+                        ces.append(ce.float())
+                    losses.append(loss.float())
                     scales.append(getattr(batch, "lr_scale", None))
                     examples.append(float(self.count(batch)))
-        self.last_ce = torch.stack(ces) if len(ces) == len(losses) else None
+        ce = torch.stack(ces) if len(ces) == len(losses) else None
         scale = None if all(s is None for s in scales) else torch.tensor(  # float64: as the ClientApp reports it
             [1.0 if s is None else float(s) for s in scales], dtype=torch.float64, device=self.device)
-        return grads, torch.stack(losses), scale, torch.tensor(examples, dtype=torch.float64, device=self.device)
+        return grads, torch.stack(losses), scale, torch.tensor(examples, dtype=torch.float64, device=self.device), ce

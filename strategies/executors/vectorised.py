@@ -3,12 +3,14 @@
 Every parameter and buffer of the model is held as one tensor [n, ...] (client k's copy is
 ``[k]``). One local step of all n clients is ``torch.func.vmap`` over
 
-    grad(loss)(params_k, buffers_k, batch_k)  ->  client.update.clipped_sgd_step
+    grad(loss)(params_k, buffers_k, batch_k)  ->  the method's step rule (clipped_sgd_step for CELGC)
 
 so each client has its own minibatch, its own gradient norm and clipping decision and its own
 BatchNorm running statistics (the forward updates copies of the client's buffers made inside
 the transformed function, which are returned), with no Python loop over clients and no host
-sync. The update math is ``clipped_sgd_step`` itself, unchanged, under vmap.
+sync. The update math is the rule itself (``strategies.local_update.Rule``), unchanged, under
+vmap; a rule's per-client tensors (``extra``, e.g. SCAFFOLD's correction) are stacked and
+mapped along with the clients.
 
 Switches (each checked against the fp32 eager path by the tests):
 
@@ -38,8 +40,8 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 from torch.utils import _pytree as pytree
 
-from client.update import RoundStats, StepConfig, clipped_sgd_step
-from tasks.protocol import default_count
+from ..clipped_sgd import StepConfig
+from ..local_update import RoundStats, Rule, clipped_rule, default_count
 
 LossFn = Callable[[nn.Module, Any], Tensor]
 Count = Callable[[Any], int]
@@ -93,6 +95,7 @@ class VmapClients:
     """
 
     path = "vmap"
+    vectorised = True
 
     def __init__(
         self, model: nn.Module, loss_fn: LossFn, n: int, *, count: Count = default_count, bf16: bool = False,
@@ -144,6 +147,13 @@ class VmapClients:
 
     client_states = stacked_state  # what the end of a round averages
 
+    def subset(self, positions: list[int]) -> VmapClients:
+        """All the clients (an exchange of only some of the stacked clients is not supported)."""
+        if list(positions) != list(range(self.n)):
+            raise ValueError("the vectorised clients run an exchange with all of them; a method that leaves some "
+                             "clients out of an exchange runs them one after another (engine-path = sequential)")
+        return self
+
     # --- the functional step ---------------------------------------------------------
     def _loss(self, params: dict[str, Tensor], buffers: dict[str, Tensor], batch: Any):
         buffers = {k: v.clone() for k, v in buffers.items()}  # BatchNorm updates these in place
@@ -155,17 +165,28 @@ class VmapClients:
         loss = loss.float()
         return loss, (loss.detach(), buffers)
 
-    def _client_step(self, params, buffers, bufs, batch, scale, cfg: StepConfig, lr_scale):
+    def _client_step(self, params, buffers, bufs, batch, scale, extra, cfg: StepConfig, lr_scale, rule: Rule):
         grads, (loss, buffers) = grad(self._loss, has_aux=True)(params, buffers, batch)
         names = self.trainable
         scale = lr_scale if scale is None else scale * lr_scale
-        new, new_bufs, stats = clipped_sgd_step([params[k] for k in names], [grads[k] for k in names],
-                                                list(bufs) or None, cfg, lr_scale=scale)
+        new, new_bufs, stats = rule([params[k] for k in names], [grads[k] for k in names], list(bufs) or None, cfg,
+                                    scale, list(extra) if extra else None)
         return dict(zip(names, new, strict=True)), buffers, list(new_bufs or []), loss, stats
 
-    def _vstep(self, cfg: StepConfig, lr_scale: float | Tensor, with_scale: bool):
-        fn = partial(self._client_step, cfg=cfg, lr_scale=lr_scale)
-        return vmap(fn, in_dims=(0, 0, 0, 0, 0 if with_scale else None), randomness=self.randomness)
+    def _vstep(self, cfg: StepConfig, lr_scale: float | Tensor, with_scale: bool, rule: Rule = clipped_rule):
+        if not rule.vmappable:
+            raise ValueError("this step rule cannot run under torch.func.vmap (it reads values on the host): "
+                             "run its clients one after another (engine-path = sequential)")
+        fn = partial(self._client_step, cfg=cfg, lr_scale=lr_scale, rule=rule)
+        return vmap(fn, in_dims=(0, 0, 0, 0, 0 if with_scale else None, 0), randomness=self.randomness)
+
+    def _stack_extra(self, extra: list[list[Tensor]] | None) -> list[Tensor]:
+        """Per-client tensors (client -> one per trainable parameter) stacked along the clients."""
+        if extra is None:
+            return []
+        if len(extra) != self.n:
+            raise ValueError(f"extra tensors for {len(extra)} clients, {self.n} clients run")
+        return [torch.stack([e[j].to(self.device) for e in extra]) for j in range(len(self.trainable))]
 
     def _prepare(self, batch: Any) -> Any:
         if self.channels_last:
@@ -174,14 +195,18 @@ class VmapClients:
         return batch
 
     # --- a round ---------------------------------------------------------------------
-    def run_round(self, iters: list[Iterator[Any]], cfg: StepConfig, lr_scale: float | Tensor = 1.0) -> RoundStats:
+    def run_round(self, iters: list[Iterator[Any]], cfg: StepConfig, lr_scale: float | Tensor = 1.0,
+                  rule: Rule = clipped_rule, extra: list[list[Tensor]] | None = None) -> RoundStats:
         """Run every step of one round; ``iters`` are the n clients' batch iterators (one
         batch a step). Returns the round's sums as a ``RoundStats`` of [n] tensors.
 
         ``lr_scale`` multiplies lr and clip (the schedule's factor). With CUDA graphs the
         step is captured once, with the first round's ``cfg``: pass the run's base
-        hyper-parameters as ``cfg`` and the round's factor as ``lr_scale``.
+        hyper-parameters as ``cfg`` and the round's factor as ``lr_scale``. ``rule``: the
+        method's local step; ``extra``: each client's tensors it reads (one per trainable
+        parameter).
         """
+        stacked_extra = self._stack_extra(extra)
         zeros = lambda: torch.zeros(self.n, dtype=torch.float64, device=self.device)  # noqa: E731
         totals = RoundStats(zeros(), zeros(), zeros(), zeros())
         if self.device.type == "cuda" and not torch.is_tensor(lr_scale):  # lr, clip on the device: no copy a step
@@ -194,25 +219,29 @@ class VmapClients:
             examples = self.count(batches[0])
             if self.cuda_graphs:
                 if self._graph is None:
-                    self._graph = _GraphedStep(self, cfg, self._prepare(batch), scale)
-                self._graph.step(self._prepare(batch), scale, lr_scale, totals, examples)
+                    self._graph = _GraphedStep(self, cfg, self._prepare(batch), scale, rule, stacked_extra)
+                self._graph.step(self._prepare(batch), scale, lr_scale, totals, examples, stacked_extra)
                 continue
-            self.params, self.buffers, bufs, loss, stats = self._vstep(cfg, lr_scale, scale is not None)(
-                self.params, self.buffers, bufs, self._prepare(batch), scale)
+            self.params, self.buffers, bufs, loss, stats = self._vstep(cfg, lr_scale, scale is not None, rule)(
+                self.params, self.buffers, bufs, self._prepare(batch), scale, stacked_extra)
             totals.add(loss, stats, examples)
         return totals
 
-    def gradients(self, iters: list[Iterator[Any]]) -> tuple[dict[str, Tensor], Tensor, Tensor | None, Tensor]:
+    def gradients(self, iters: list[Iterator[Any]], seed: Any = None,
+                  ) -> tuple[dict[str, Tensor], Tensor, Tensor | None, Tensor, Tensor | None]:
         """Each client's gradient at its own state on its next batch (naive parallel clipping):
-        (grads [n, ...] per trainable parameter, loss [n], lr_scale [n] or None, examples [n]).
-        The clients' buffers are left as the forward pass updated them."""
+        (grads [n, ...] per trainable parameter, loss [n], lr_scale [n] or None, examples [n],
+        None: no separate cross-entropy on this path). The clients' buffers are left as the
+        forward pass updated them. ``seed`` is unused (random models take the sequential path)."""
         batches = [next(it) for it in iters]
         batch, scale = stack_batches(batches)
         grads, (loss, buffers) = vmap(grad(self._loss, has_aux=True), randomness=self.randomness)(
             self.params, self.buffers, self._prepare(batch))
         self.buffers = buffers
         examples = torch.tensor([float(self.count(b)) for b in batches], dtype=torch.float64, device=self.device)
-        return grads, loss, scale, examples
+        if scale is not None:
+            scale = scale.double()
+        return grads, loss, scale, examples, None
 
     def probe(self, batches: list[Any], cfg: StepConfig) -> str | None:
         """Why this model cannot run vectorised (None if it can): one step, results dropped."""
@@ -221,7 +250,8 @@ class VmapClients:
             try:
                 batch, scale = stack_batches(batches)
                 bufs = [torch.zeros_like(self.params[k]) for k in self.trainable] if cfg.momentum > 0 else []
-                self._vstep(cfg, 1.0, scale is not None)(self.params, self.buffers, bufs, self._prepare(batch), scale)
+                self._vstep(cfg, 1.0, scale is not None)(self.params, self.buffers, bufs, self._prepare(batch), scale,
+                                                         [])
             except Exception as exc:  # any failure means: take the per-client path
                 return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         slow = [str(w.message) for w in caught if "batching rule" in str(w.message)]
@@ -233,15 +263,17 @@ class VmapClients:
 class _GraphedStep:
     """The vmapped step of ``VmapClients`` captured into one CUDA graph."""
 
-    def __init__(self, clients: VmapClients, cfg: StepConfig, batch: Any, scale: Tensor | None) -> None:
+    def __init__(self, clients: VmapClients, cfg: StepConfig, batch: Any, scale: Tensor | None, rule: Rule,
+                 extra: list[Tensor]) -> None:
         self.c = clients
         self.batch = pytree.tree_map(lambda t: t.clone(memory_format=torch.preserve_format), batch)
         self.scale = None if scale is None else scale.clone()
+        self.extra = [t.clone() for t in extra]
         self.lr_scale = torch.ones((), dtype=torch.float32, device=clients.device)
         zeros = lambda: torch.zeros(clients.n, dtype=torch.float64, device=clients.device)  # noqa: E731
         self.totals = RoundStats(zeros(), zeros(), zeros(), zeros())
         self.bufs = [torch.zeros_like(clients.params[k]) for k in clients.trainable] if cfg.momentum > 0 else []
-        self.fn = clients._vstep(cfg, self.lr_scale, scale is not None)
+        self.fn = clients._vstep(cfg, self.lr_scale, scale is not None, rule)
         state = [*clients.params.values(), *clients.buffers.values()]
         saved = [t.clone() for t in state]
         side = torch.cuda.Stream(clients.device)
@@ -257,7 +289,7 @@ class _GraphedStep:
 
     def _body(self) -> None:
         c = self.c
-        params, buffers, bufs, loss, stats = self.fn(c.params, c.buffers, self.bufs, self.batch, self.scale)
+        params, buffers, bufs, loss, stats = self.fn(c.params, c.buffers, self.bufs, self.batch, self.scale, self.extra)
         torch._foreach_copy_(list(c.params.values()), list(params.values()))
         torch._foreach_copy_(list(c.buffers.values()), [buffers[k] for k in c.buffers])
         if bufs:
@@ -265,7 +297,7 @@ class _GraphedStep:
         self.totals.add(loss, stats, 0)
 
     def step(self, batch: Any, scale: Tensor | None, lr_scale: float | Tensor, totals: RoundStats,
-             examples: int) -> None:
+             examples: int, extra: list[Tensor]) -> None:
         if totals.steps == 0:  # a new round: fresh sums and momentum
             for t in (self.totals.loss_sum, self.totals.grad_norm_sum, self.totals.clipped, self.totals.skipped):
                 t.zero_()
@@ -274,6 +306,8 @@ class _GraphedStep:
             totals.loss_sum, totals.grad_norm_sum = self.totals.loss_sum, self.totals.grad_norm_sum
             totals.clipped, totals.skipped = self.totals.clipped, self.totals.skipped
         pytree.tree_map(lambda dst, src: dst.copy_(src), self.batch, batch)
+        if extra:
+            torch._foreach_copy_(self.extra, extra)
         if scale is not None:
             self.scale.copy_(scale)
         if torch.is_tensor(lr_scale):

@@ -1,0 +1,231 @@
+"""The end of an exchange: the clients' results -> one flat float64 vector -> the average (pure).
+
+Every backend averages the same way (the Flower strategies, the engine on one process or
+many): sum-then-finalise (``strategies.averaging``), in float64, cast back by
+``strategies.averaging.finalize`` (integer buffers rounded, dtype kept):
+
+* a client whose floating-point results hold a non-finite value is left out (not averaged,
+  not counted among the replies);
+* the average is sum_i w_i x_i over the sound clients with w_i = 1/N (``uniform``, N the
+  clients asked) or their weights (``examples``), renormalised over the sound clients;
+* the round's client metrics are ``strategies.client_metrics``' (per-client table, sums,
+  finish); per-client scalars (e.g. naive's ``lr-scale``) are averaged uniformly.
+
+What crosses processes is ONE float64 vector per process -- its clients' weighted sums of
+every tensor of the averaged groups, the weight total, the reply count, the metric sums and
+the scalar sums -- summed by ``all_reduce`` (the engine's ``torch.distributed`` all-reduce; the
+identity on one process), after which every process finalises the same average.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .averaging import AGGREGATIONS, finalize
+from .client_metrics import COLUMNS, SUMS_WIDTH, finish_metrics, metric_sums, row_metrics
+
+#: the clients' tensors of one group: stacked ({key: [n, ...]}) or one mapping per client
+ClientArrays = Mapping[str, Tensor] | Sequence[Mapping[str, Tensor]]
+#: a sum over all processes (in place allowed); the identity on one process
+AllReduce = Callable[[Tensor], Tensor]
+
+#: Up to this many numbers (clients x state size) a list of client states is stacked and summed
+#: by one matmul; above it, summed client by client (no n-fold float64 copy of a large model).
+STACK_LIMIT = 1 << 24
+
+
+def is_stacked(arrays: ClientArrays) -> bool:
+    return isinstance(arrays, Mapping)
+
+
+def num_clients(arrays: ClientArrays) -> int:
+    if is_stacked(arrays):
+        first = next(iter(arrays.values()), None)
+        return 0 if first is None else int(first.shape[0])
+    return len(arrays)
+
+
+def per_client(arrays: ClientArrays) -> list[Mapping[str, Tensor]]:
+    """One mapping per client (views into stacked tensors)."""
+    if is_stacked(arrays):
+        return [{k: v[i] for k, v in arrays.items()} for i in range(num_clients(arrays))]
+    return list(arrays)
+
+
+def client_nbytes(arrays: ClientArrays) -> int:
+    """Bytes of all clients' tensors (what their replies carry)."""
+    if is_stacked(arrays):
+        return sum(v.numel() * v.element_size() for v in arrays.values())
+    return sum(v.numel() * v.element_size() for state in arrays for v in state.values())
+
+
+@dataclass
+class ClientResults:
+    """One exchange's results of this process's clients (``ids`` as the backend names them).
+
+    ``arrays``: group name -> the clients' tensors (e.g. ``"arrays"``: their states;
+    ``"grads"`` and ``"buffers"``); ``table``: per-client metrics [n, len(COLUMNS)] (float64,
+    NaN where not reported); ``weights``: [n] averaging weights (examples, or a reply's
+    ``weighted_by_key``); ``scalars``: name -> [n] per-client values averaged uniformly."""
+
+    ids: list[int]
+    arrays: dict[str, ClientArrays]
+    table: Tensor
+    weights: Tensor
+    scalars: dict[str, Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.ids)
+        if self.table.shape != (n, len(COLUMNS)):
+            raise ValueError(f"metrics table of shape {tuple(self.table.shape)} for {n} clients")
+        for name, arrays in self.arrays.items():
+            if num_clients(arrays) != n and not (n == 0 and not arrays):
+                raise ValueError(f"group {name!r} holds {num_clients(arrays)} clients' tensors, expected {n}")
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def nbytes(self) -> int:
+        return sum(client_nbytes(a) for a in self.arrays.values())
+
+    def metrics_of(self, position: int) -> dict[str, float | int]:
+        """One client's metrics as its reply reports them (``client_metrics.row_metrics``, its
+        scalars added)."""
+        out = row_metrics(self.table[position].tolist())
+        for name, v in self.scalars.items():
+            out[name] = float(v[position])
+        return out
+
+    def select(self, keep: Sequence[int]) -> ClientResults:
+        """The results of the clients at positions ``keep``."""
+        idx = torch.tensor(list(keep), dtype=torch.long, device=self.table.device)
+        arrays = {name: ({k: v[idx.to(v.device)] for k, v in a.items()} if is_stacked(a) else [a[i] for i in keep])
+                  for name, a in self.arrays.items()}
+        return ClientResults([self.ids[i] for i in keep], arrays, self.table[idx], self.weights[idx],
+                             {k: v[idx.to(v.device)] for k, v in self.scalars.items()})
+
+
+@dataclass
+class Mean:
+    """The average of one exchange over all processes' sound clients."""
+
+    arrays: dict[str, dict[str, Tensor]] | None  # group -> averaged tensors; None: no sound client
+    replies: int  # sound clients (all processes)
+    metrics: dict[str, float | int]  # the round's client metrics (strategies.client_metrics)
+    scalars: dict[str, float]  # uniform means of the per-client scalars over the sound clients
+    ok: Tensor  # [n] this process's sound clients
+    sums: dict[str, float] = field(default_factory=dict)  # the ``sums`` given, summed over all processes
+
+
+def factors(results: ClientResults, aggregation: str, expected: int) -> Tensor:
+    """Unnormalised averaging weight of each client: 1/N (uniform) or its weight (examples)."""
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}")
+    if aggregation == "uniform":
+        return torch.full((len(results),), 1.0 / max(expected, 1), dtype=torch.float64, device=results.table.device)
+    return results.weights.to(torch.float64)
+
+
+def _finite(arrays: ClientArrays, keys: Sequence[str], n: int, device: torch.device) -> Tensor:
+    """[n] True where every floating-point tensor of the client is finite."""
+    if n == 0:
+        return torch.ones(0, dtype=torch.bool, device=device)
+    if is_stacked(arrays):
+        checks = [torch.isfinite(arrays[k].reshape(n, -1)).all(1) for k in keys if arrays[k].is_floating_point()]
+        out = torch.stack(checks).all(0) if checks else torch.ones(n, dtype=torch.bool, device=device)
+        return out.to(device)
+    rows = []
+    for state in arrays:
+        flags = [torch.isfinite(state[k]).all() for k in keys if state[k].is_floating_point()]
+        rows.append(torch.stack(flags).all().to(device) if flags else torch.ones((), dtype=torch.bool, device=device))
+    return torch.stack(rows)
+
+
+def _stacked_sum(stacked: Mapping[str, Tensor], keys: Sequence[str], w: Tensor, ok: Tensor) -> Tensor:
+    """sum_i w_i x_i over the rows of the clients' flattened tensors: one matmul (few kernels)."""
+    n = w.shape[0]
+    matrix = torch.cat([stacked[k].detach().reshape(n, -1).to(torch.float64) for k in keys], 1)
+    return w @ torch.where(ok[:, None], matrix, torch.zeros_like(matrix))
+
+
+def _streamed_sum(states: Sequence[Mapping[str, Tensor]], like: Mapping[str, Tensor], w: Tensor, ok: Tensor,
+                  device: torch.device) -> Tensor:
+    """sum_i w_i x_i client by client into one float64 vector: no [n, P] copy (large models)."""
+    out = torch.zeros(sum(v.numel() for v in like.values()), dtype=torch.float64, device=device)
+    views = unflatten(out, like)
+    for state, weight, sound in zip(states, w.tolist(), ok.tolist(), strict=True):
+        if sound:  # a rejected client is skipped, not multiplied by 0 (0 * nan = nan)
+            for key, view in views.items():
+                view.add_(state[key].detach().to(device), alpha=weight)
+    return out
+
+
+def unflatten(vector: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Split a flat vector back into tensors shaped as ``like`` (still float64)."""
+    out, offset = {}, 0
+    for key, ref in like.items():
+        out[key] = vector[offset : offset + ref.numel()].view(ref.shape)
+        offset += ref.numel()
+    if offset != vector.numel():
+        raise ValueError(f"flat vector has {vector.numel()} entries, the tensors need {offset}")
+    return out
+
+
+def _group_sum(arrays: ClientArrays, like: Mapping[str, Tensor], w: Tensor, ok: Tensor, device: torch.device) -> Tensor:
+    keys = list(like)
+    n = w.shape[0]
+    if n == 0:
+        return torch.zeros(sum(v.numel() for v in like.values()), dtype=torch.float64, device=device)
+    if not is_stacked(arrays) and n * sum(v.numel() for v in like.values()) <= STACK_LIMIT:
+        arrays = {k: torch.stack([s[k].detach().to(device) for s in arrays]) for k in keys}  # small: one matmul
+    if is_stacked(arrays):
+        return _stacked_sum({k: arrays[k].to(device) for k in keys}, keys, w, ok)
+    return _streamed_sum(arrays, like, w, ok, device)
+
+
+def mean(results: ClientResults, like: Mapping[str, Mapping[str, Tensor]], *, aggregation: str, expected: int,
+         all_reduce: AllReduce | None = None, reject_nonfinite: bool = True,
+         sums: Mapping[str, float] | None = None) -> Mean:
+    """Average the groups named by ``like`` (group -> the keys, shapes and dtypes of its
+    average) over the sound clients of every process, with ONE ``all_reduce``.
+
+    ``expected``: the clients asked in the exchange (all processes): the uniform weight is
+    1/expected, renormalised over the sound ones. ``sums``: this process's counters (bytes,
+    clients) to add over all processes in the same collective."""
+    sums = dict(sums or {})
+    device = results.table.device
+    n = len(results)
+    ok = torch.ones(n, dtype=torch.bool, device=device)
+    if reject_nonfinite:
+        for name, ref in like.items():
+            ok &= _finite(results.arrays[name], list(ref), n, device)
+    w = torch.where(ok, factors(results, aggregation, expected), torch.zeros(n, dtype=torch.float64, device=device))
+    parts = [_group_sum(results.arrays[name], ref, w, ok, device) for name, ref in like.items()]
+    scalars = sorted(results.scalars)
+    scalar_sums = [torch.where(ok, results.scalars[k].to(device, torch.float64), 0.0).sum() for k in scalars]
+    counters = [torch.tensor(float(v), dtype=torch.float64, device=device) for v in sums.values()]
+    tail = [w.sum(), ok.double().sum(), *metric_sums(results.table, ok).unbind(), *scalar_sums, *counters]
+    vector = torch.cat([*parts, torch.stack(tail).to(torch.float64)])
+    if all_reduce is not None:
+        vector = all_reduce(vector)
+    width = len(tail)
+    values = vector[-width:].tolist()  # the exchange's one host sync
+    weight, replies = values[0], int(round(values[1]))
+    metrics = finish_metrics(values[2:2 + SUMS_WIDTH], replies)
+    means = {k: values[2 + SUMS_WIDTH + i] / replies for i, k in enumerate(scalars)} if replies else {}
+    totals = dict(zip(sums, values[2 + SUMS_WIDTH + len(scalars):], strict=True))
+    if replies == 0 or weight <= 0:
+        return Mean(None, replies, metrics, means, ok, totals)
+    body = vector[:-width]
+    if weight != 1.0:
+        body = body / weight
+    out, offset = {}, 0
+    for name, ref in like.items():
+        size = sum(v.numel() for v in ref.values())
+        out[name] = finalize(unflatten(body[offset:offset + size], ref), ref)
+        offset += size
+    return Mean(out, replies, metrics, means, ok, totals)

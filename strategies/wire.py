@@ -1,0 +1,151 @@
+"""Flower Messages <-> the algorithm layer's exchanges and results (the one place a reply is read).
+
+``messages`` turns an ``Exchange`` into one train Message per client: the global arrays
+(``arrayrecord_key``), the exchange's per-client ArrayRecords (``correction``, ``control``)
+and the ConfigRecord (the caller's ``train_config`` plus ``RoundSettings.to_config()``).
+``read_reply`` parses one reply field by field into typed values -- its one MetricRecord
+(``strategies.replies``), its weight (``weighted_by_key``), its ArrayRecords decoded into the
+groups the exchange's method expects -- or the reason to reject it; nothing here raises on
+client input. ``client_results`` stacks the sound replies into the algorithm's
+``ClientResults``. Client side: ``exchange_of`` reads a train Message back into an exchange and
+``reply_of`` writes a client's results as the reply.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+
+from .algorithm import Exchange
+from .averaging import state_nbytes
+from .client_metrics import table_from_records
+from .reduce import ClientResults, per_client
+from .replies import parse_metrics
+from .settings import RoundSettings
+
+
+@dataclass
+class Reply:
+    """One reply, read: its groups of arrays, metrics and weight, or the reason it is rejected."""
+
+    node: int
+    content: RecordDict
+    groups: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    metrics: dict[str, Any] | None = None
+    record: MetricRecord | None = None
+    weight: float = 0.0
+    reason: str | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(state_nbytes(g) for g in self.groups.values())
+
+
+def messages(exchange: Exchange, arrays: ArrayRecord, config: ConfigRecord, *, arrayrecord_key: str,
+             configrecord_key: str, message_type: str = MessageType.TRAIN) -> list[Message]:
+    """One Message per client of ``exchange`` (the caller's ``config`` is copied, never changed)."""
+    own = ConfigRecord(dict(config))
+    for key, value in exchange.settings.to_config().items():
+        own[key] = value
+    out = []
+    for i, node in enumerate(exchange.clients):
+        content = RecordDict({arrayrecord_key: arrays, configrecord_key: own})
+        for name, per in exchange.arrays.items():
+            content[name] = ArrayRecord({k: v.detach().cpu() for k, v in per[i].items()})
+        out.append(Message(content=content, dst_node_id=node, message_type=message_type))
+    return out
+
+
+def read_reply(msg: Message, groups: Sequence[str], *, weighted_by_key: str,
+               examples: int | None = None) -> Reply:
+    """Read one reply of an exchange whose replies carry the array ``groups`` (``("arrays",)``:
+    exactly one ArrayRecord under any key; otherwise exactly those ArrayRecords).
+    ``examples``: the num-examples an honest client reports (None: not checked)."""
+    node, content = msg.metadata.src_node_id, msg.content
+    records = content.metric_records
+    if len(records) != 1:
+        return Reply(node, content, reason=f"expected exactly one MetricRecord, got {len(records)}")
+    record = next(iter(records.values()))
+    if weighted_by_key not in record:
+        return Reply(node, content, record=record, reason=f"metrics lack {weighted_by_key!r} (weighted_by_key)")
+    weight = record[weighted_by_key]
+    if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not (math.isfinite(weight) and weight >= 0):
+        return Reply(node, content, record=record,
+                     reason=f"{weighted_by_key} must be a finite number >= 0, got {weight!r}")
+    metrics, reason = parse_metrics(record)
+    if reason is None and examples is not None and "num-examples" in metrics and metrics["num-examples"] != examples:
+        reason = f"num-examples {metrics['num-examples']!r} is not the {examples} examples the exchange's steps take"
+    if reason is not None:
+        return Reply(node, content, metrics=metrics, record=record, reason=reason)
+    reply = Reply(node, content, metrics=metrics, record=record, weight=float(weight))
+    arrays = content.array_records
+    if tuple(groups) == ("arrays",):
+        if len(arrays) != 1:
+            reply.reason = f"expected exactly one ArrayRecord, got {len(arrays)}"
+            return reply
+        named = {"arrays": next(iter(arrays.values()))}
+    else:
+        if set(arrays) != set(groups):
+            reply.reason = f"expected ArrayRecords {', '.join(repr(g) for g in groups)}, got {sorted(arrays)}"
+            return reply
+        named = {g: arrays[g] for g in groups}
+    try:
+        reply.groups = {g: record.to_torch_state_dict() for g, record in named.items()}
+    except Exception as exc:  # a malformed payload must not end the run
+        reply.groups = {}
+        reply.reason = f"arrays could not be decoded ({exc})"
+        return reply
+    names = list(reply.groups)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            both = sorted(set(reply.groups[a]) & set(reply.groups[b]))
+            if both and "arrays" not in (a, b):
+                reply.reason = f"keys both in {a} and {b}: {both}"
+                return reply
+    return reply
+
+
+def client_results(replies: Sequence[Reply], groups: Sequence[str]) -> ClientResults:
+    """The sound replies as the algorithm's ``ClientResults`` (ids: the nodes)."""
+    scales = [r.metrics.get("lr-scale") for r in replies]
+    scalars = {}
+    if any(s is not None for s in scales):
+        scalars["lr-scale"] = torch.tensor([1.0 if s is None else float(s) for s in scales], dtype=torch.float64)
+    return ClientResults([r.node for r in replies], {g: [r.groups[g] for r in replies] for g in groups},
+                         table_from_records([r.metrics for r in replies]),
+                         torch.tensor([r.weight for r in replies], dtype=torch.float64), scalars)
+
+
+# --- the client side ------------------------------------------------------------------------
+#: ArrayRecords a train Message may carry beside the global model: the exchange's per-client arrays
+PER_CLIENT_RECORDS = ("correction", "control")
+
+
+def exchange_of(msg: Message, settings: RoundSettings) -> Exchange:
+    """A train Message as the exchange of its one client: the global model (its one
+    ArrayRecord that is not a per-client record), the ``settings`` and the per-client arrays."""
+    records = msg.content.array_records
+    model = [name for name in records if name not in PER_CLIENT_RECORDS]
+    if len(model) != 1:
+        raise ValueError(f"a train message carries the global model in one ArrayRecord (besides "
+                         f"{', '.join(PER_CLIENT_RECORDS)}), got {sorted(records)}")
+    state = records[model[0]].to_torch_state_dict()
+    extra = {name: [records[name].to_torch_state_dict()] for name in records if name in PER_CLIENT_RECORDS}
+    return Exchange(settings, [0], state, extra)
+
+
+def reply_of(msg: Message, results: ClientResults, extra: Mapping[str, float | int] | None = None,
+             position: int = 0) -> Message:
+    """The reply of one client (``position`` in ``results``): its groups as ArrayRecords and its
+    metrics (``ClientResults.metrics_of``, plus ``extra``) as the MetricRecord ``metrics``."""
+    content = RecordDict()
+    for name, arrays in results.arrays.items():
+        content[name] = ArrayRecord({k: v.detach().cpu() for k, v in per_client(arrays)[position].items()})
+    content["metrics"] = MetricRecord({**results.metrics_of(position), **(extra or {})})
+    return Message(content=content, reply_to=msg)
