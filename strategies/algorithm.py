@@ -177,6 +177,8 @@ class Round:
                 return {k: self.state[k] for k in trainable}
             return {k: v for k, v in self.state.items() if k not in set(trainable)}
         if sample is None or group not in sample:
+            if self.state and kind != "state":
+                return {}  # no result and the trainable parameters unknown: nothing to average
             raise ValueError(f"no result to take the layout of {group!r} from, and no global model")
         return {k: v.detach() for k, v in sample[group].items()}
 

@@ -144,7 +144,7 @@ class ClippedSGDStrategy(FedAvg):
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
-        hyper = Hyper(local_steps=local_steps, batch_size=batch_size, lr=float(lr), clip=float(clip),
+        hyper = Hyper.from_arguments(local_steps=local_steps, batch_size=batch_size, lr=float(lr), clip=float(clip),
                       weight_decay=float(weight_decay), momentum=float(momentum), lr_decay=float(lr_decay),
                       lr_milestones=tuple(float(m) for m in lr_milestones), aggregation=aggregation)
         self.num_clients = num_clients
@@ -155,7 +155,8 @@ class ClippedSGDStrategy(FedAvg):
         self.max_lr_scale = float(max_lr_scale)
         self.select = select
         self.exchange_timeout = exchange_timeout
-        self._round: tuple[Round, Any, Exchange] | None = None
+        self._round: tuple[Round, Any, Exchange] | None = None  # the round configure_train started
+        self._last_start: tuple[int, dict, list[int]] | None = None
         self._config = ConfigRecord()
         self._warned_foreign = False
         self.last_report: RoundReport | None = None
@@ -216,9 +217,10 @@ class ClippedSGDStrategy(FedAvg):
         return scheduled(h.lr, h.clip, server_round - 1, clients_per_round, self.local_steps, h.batch_size,
                          self.train_size, h.lr_milestones, h.lr_decay)
 
-    def round_config(self, server_round: int) -> dict[str, Any]:
-        """The settings every client receives in the first exchange of ``server_round``."""
-        lr, clip = self.round_hparams(server_round)
+    def round_config(self, server_round: int, clients_per_round: int | None = None) -> dict[str, Any]:
+        """The settings every client receives in the first exchange of ``server_round`` (the
+        schedule as ``round_hparams``)."""
+        lr, clip = self.round_hparams(server_round, clients_per_round)
         return self.algorithm.round_settings(server_round, self.algorithm.modes[0], lr, clip).to_config()
 
     def owned_keys(self) -> dict[str, str]:
@@ -261,6 +263,7 @@ class ClippedSGDStrategy(FedAvg):
         config["server-round"] = server_round
         self._config = config
         rnd = self.algorithm.begin(server_round, arrays.to_torch_state_dict(), node_ids, trainable=self.bound_keys)
+        self._last_start = (server_round, rnd.state, list(node_ids))
         gen = self.algorithm.server(rnd)
         exchange = next(gen)
         while not exchange.final:
@@ -292,10 +295,12 @@ class ClippedSGDStrategy(FedAvg):
         if started is None and not replies and self.last_report is not None \
                 and self.last_report.server_round == server_round:  # a round configure_train already ended
             return self._report(self.last_report, [])
-        if started is None:  # no configure_train: the replies are checked against each other
+        if started is None:  # no configure_train for these replies: the last global model of the round, if any
             self.last_failures = []
-            rnd = self.algorithm.begin(server_round, {}, [m.metadata.src_node_id for m in replies],
-                                       trainable=self.bound_keys)
+            state, clients = ({}, [m.metadata.src_node_id for m in replies])
+            if self._last_start is not None and self._last_start[0] == server_round and len(self.algorithm.modes) == 1:
+                _, state, clients = self._last_start
+            rnd = self.algorithm.begin(server_round, state, clients, trainable=self.bound_keys)
             gen = self.algorithm.server(rnd)
             exchange = next(gen)
             sent = len(replies)
@@ -333,8 +338,8 @@ class ClippedSGDStrategy(FedAvg):
         self.last_failures += [f"node {m.metadata.src_node_id}: {label}{m.error.reason}" for m in failed]
         rnd.fail(len(failed) + max(sent - len(replies), 0))
         groups = self.algorithm.reply_groups(exchange.mode)
-        examples = exchange.settings.local_steps * exchange.settings.batch_size if self.verify_examples else None
-        read = [read_reply(m, groups, weighted_by_key=self.weighted_by_key, examples=examples) for m in ok]
+        settings = exchange.settings if self.verify_examples else None
+        read = [read_reply(m, groups, weighted_by_key=self.weighted_by_key, settings=settings) for m in ok]
         references = self._references(rnd, read, groups)
         for r in read:
             if r.reason is None:

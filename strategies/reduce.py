@@ -83,7 +83,9 @@ class ClientResults:
         if self.table.shape != (n, len(COLUMNS)):
             raise ValueError(f"metrics table of shape {tuple(self.table.shape)} for {n} clients")
         for name, arrays in self.arrays.items():
-            if num_clients(arrays) != n and not (n == 0 and not arrays):
+            if is_stacked(arrays) and not arrays:  # a group without tensors (a model without buffers)
+                self.arrays[name] = [{} for _ in range(n)]
+            elif num_clients(arrays) != n:
                 raise ValueError(f"group {name!r} holds {num_clients(arrays)} clients' tensors, expected {n}")
 
     def __len__(self) -> int:
@@ -178,7 +180,7 @@ def unflatten(vector: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]:
 def _group_sum(arrays: ClientArrays, like: Mapping[str, Tensor], w: Tensor, ok: Tensor, device: torch.device) -> Tensor:
     keys = list(like)
     n = w.shape[0]
-    if n == 0:
+    if n == 0 or not keys:
         return torch.zeros(sum(v.numel() for v in like.values()), dtype=torch.float64, device=device)
     if not is_stacked(arrays) and n * sum(v.numel() for v in like.values()) <= STACK_LIMIT:
         arrays = {k: torch.stack([s[k].detach().to(device) for s in arrays]) for k in keys}  # small: one matmul

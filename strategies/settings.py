@@ -88,7 +88,7 @@ class Hyper:
         if not (_is_real(self.lr) and math.isfinite(self.lr) and self.lr > 0):
             out.append(f"lr must be a finite number > 0, got {self.lr!r}")
         if not (_is_real(self.clip) and self.clip > 0):
-            out.append(f"clip must be > 0, or \"off\" (math.inf) to disable clipping, got {self.clip!r}")
+            out.append(f"clip must be > 0, or \"off\" to disable clipping, got {self.clip}")
         if not (_is_real(self.weight_decay) and math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             out.append(f"weight-decay must be >= 0, got {self.weight_decay!r}")
         if not (_is_real(self.momentum) and 0 <= self.momentum < 1):
@@ -103,6 +103,15 @@ class Hyper:
         if self.aggregation not in AGGREGATIONS:
             out.append(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}")
         return out
+
+    @classmethod
+    def from_arguments(cls, **values: Any) -> Hyper:
+        """A ``Hyper`` from Python arguments: an error names the argument (``local_steps``)."""
+        try:
+            return cls(**values)
+        except ValueError as exc:
+            key, _, rest = str(exc).partition(" ")
+            raise ValueError(f"{cls.keys().get(key, key)} {rest}") from None
 
     @property
     def clipping(self) -> bool:
@@ -154,11 +163,12 @@ class RoundSettings:
         return dataclasses.replace(self, **changes)
 
     def to_config(self) -> dict[str, Any]:
-        """The round-config entries (``global-grad-norm`` only where set)."""
+        """The round-config entries (``mode`` only where it is not ``local``, the default a
+        client reads; ``global-grad-norm`` only where set)."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if value is None:
+            if value is None or value is Mode.LOCAL:
                 continue
             out[f.metadata["key"]] = value.value if isinstance(value, Mode) else value
         return out

@@ -63,10 +63,11 @@ def messages(exchange: Exchange, arrays: ArrayRecord, config: ConfigRecord, *, a
 
 
 def read_reply(msg: Message, groups: Sequence[str], *, weighted_by_key: str,
-               examples: int | None = None) -> Reply:
+               settings: RoundSettings | None = None) -> Reply:
     """Read one reply of an exchange whose replies carry the array ``groups`` (``("arrays",)``:
     exactly one ArrayRecord under any key; otherwise exactly those ArrayRecords).
-    ``examples``: the num-examples an honest client reports (None: not checked)."""
+    ``settings``: the exchange's, to check the num-examples an honest client reports (its
+    steps x batch size); None: not checked."""
     node, content = msg.metadata.src_node_id, msg.content
     records = content.metric_records
     if len(records) != 1:
@@ -79,8 +80,11 @@ def read_reply(msg: Message, groups: Sequence[str], *, weighted_by_key: str,
         return Reply(node, content, record=record,
                      reason=f"{weighted_by_key} must be a finite number >= 0, got {weight!r}")
     metrics, reason = parse_metrics(record)
-    if reason is None and examples is not None and "num-examples" in metrics and metrics["num-examples"] != examples:
-        reason = f"num-examples {metrics['num-examples']!r} is not the {examples} examples the exchange's steps take"
+    if reason is None and settings is not None and "num-examples" in metrics:
+        expected = settings.local_steps * settings.batch_size
+        if metrics["num-examples"] != expected:
+            reason = (f"num-examples {record['num-examples']!r} is not the {expected} examples of "
+                      f"{settings.local_steps} step(s) of batch size {settings.batch_size}")
     if reason is not None:
         return Reply(node, content, metrics=metrics, record=record, reason=reason)
     reply = Reply(node, content, metrics=metrics, record=record, weight=float(weight))

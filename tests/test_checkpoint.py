@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import server.app as server_module
+import tasks.runs.recorder as recorder_module
 from client.app import app as client_app
 from simulations.loopback import LoopbackGrid, run_server_app
 from server.app import app as server_app
@@ -199,17 +199,17 @@ def test_killed_and_resumed_run_ends_bit_for_bit_equal(tmp_path, reference):
 
 def test_rows_written_after_the_checkpoint_are_redone_once(tmp_path, reference, monkeypatch):
     """A crash between a round's results row and its checkpoint: the row is not duplicated."""
-    real = server_module.save_checkpoint
+    real = recorder_module.save_checkpoint
 
     def save_until_round_2(folder, ckpt):
         if ckpt.round == 2:
             raise KeyboardInterrupt("killed while checkpointing")
         return real(folder, ckpt)
 
-    monkeypatch.setattr(server_module, "save_checkpoint", save_until_round_2)
+    monkeypatch.setattr(recorder_module, "save_checkpoint", save_until_round_2)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path, "r")
-    monkeypatch.setattr(server_module, "save_checkpoint", real)
+    monkeypatch.setattr(recorder_module, "save_checkpoint", real)
     with (tmp_path / "r" / "results.jsonl").open("a") as f:
         f.write('{"kind": "round", "round": 3, "torn')  # and a line torn by the crash
     run(tmp_path, "r", config={"resume": True})

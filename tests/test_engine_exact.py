@@ -1,6 +1,7 @@
-"""The engine's paths against one client at a time (``client.update.local_update``), its
-averaging against ``strategies.averaging``, naive parallel clipping against one machine at
-batch N*b, and the fallback for models vmap cannot take (nn.LSTM). No flwr needed."""
+"""The executors against one client at a time (``strategies.local_update.local_update``), the
+one averaging (``strategies.reduce``) against ``strategies.averaging``, naive parallel clipping
+against one machine at batch N*b, and the fallback for models vmap cannot take (nn.LSTM). No
+flwr needed."""
 
 import copy
 import dataclasses
@@ -11,15 +12,14 @@ import pytest
 import torch
 from torch import nn
 
-from strategies.clipped_sgd import StepConfig, clipped_sgd_step
-
-from strategies.local_update import RoundStats, local_update
-from simulations.engine import EngineOptions, aggregate, run_engine
-from simulations.engine.aggregate import ClientMetrics, average_round
-from simulations.engine.distributed import World
-from simulations.engine.sequential import SequentialClients
-from simulations.engine.vectorised import VmapClients
+from simulations.engine import EngineOptions, run_engine
+from strategies import reduce
 from strategies.averaging import average_states, client_weights
+from strategies.client_metrics import COLUMNS
+from strategies.clipped_sgd import StepConfig, clipped_sgd_step
+from strategies.executors import SequentialClients, VmapClients
+from strategies.local_update import RoundStats, local_update
+from strategies.reduce import ClientResults
 from tasks.classification import ClassificationTask
 from tasks.config import RunConfig
 from tasks.digits import DigitsCNN, digits_task
@@ -67,12 +67,13 @@ def test_vmap_equals_one_client_at_a_time(wd, mu):
             assert stacked[key][k].dtype == ref.dtype
             assert torch.allclose(stacked[key][k].double(), ref.double(), atol=1e-5, rtol=0), (k, key)
     assert int(stacked["features.1.num_batches_tracked"][0]) == STEPS
-    table = ClientMetrics.from_stats(totals)
+    table = totals.table()
+    column = lambda name: table[:, COLUMNS.index(name)]  # noqa: E731
     for k, m in enumerate(metrics):
-        assert table.column("clip-fraction")[k].item() == m["clip-fraction"]
-        assert table.column("grad-norm")[k].item() == pytest.approx(m["grad-norm"], rel=1e-5)
-        assert table.column("train-loss")[k].item() == pytest.approx(m["train-loss"], rel=1e-5)
-        assert table.column("num-examples")[k].item() == m["num-examples"] == STEPS * B
+        assert column("clip-fraction")[k].item() == m["clip-fraction"]
+        assert column("grad-norm")[k].item() == pytest.approx(m["grad-norm"], rel=1e-5)
+        assert column("train-loss")[k].item() == pytest.approx(m["train-loss"], rel=1e-5)
+        assert column("num-examples")[k].item() == m["num-examples"] == STEPS * B
     fractions = {m["clip-fraction"] for m in metrics}
     assert 0.0 in fractions and 1.0 in fractions  # the test exercises per-client clipping both ways
 
@@ -116,7 +117,7 @@ def test_bf16_and_channels_last_against_fp32():
     assert torch.allclose(loss["bf16"], loss["fp32"], rtol=1e-2)
 
 
-def test_average_round_is_strategies_averaging_and_rejects_nonfinite(monkeypatch):
+def test_the_one_average_is_strategies_averaging_and_rejects_nonfinite(monkeypatch):
     g = torch.Generator().manual_seed(0)
     like = {"w": torch.zeros(3, 2), "bn.mean": torch.zeros(2), "bn.n": torch.zeros((), dtype=torch.int64)}
     states = [{"w": torch.randn(3, 2, generator=g), "bn.mean": torch.randn(2, generator=g),
@@ -133,9 +134,12 @@ def test_average_round_is_strategies_averaging_and_rejects_nonfinite(monkeypatch
     for aggregation, form, limit in (("uniform", stacked, 0), ("examples", stacked, 0), ("uniform", states, 0),
                                      ("examples", states, 0), ("uniform", states, 1 << 24)):
         # stacked clients (one matmul) or a list of client states (streamed, for large models): the same
-        monkeypatch.setattr(aggregate, "STACK_LIMIT", limit)
-        avg, metrics = average_round(form, like, ClientMetrics.from_stats(stats), aggregation=aggregation,
-                                     num_clients=4, world=World())
+        monkeypatch.setattr(reduce, "STACK_LIMIT", limit)
+        table = torch.cat([s.table() for s in stats])
+        results = ClientResults([0, 1, 2, 3], {"arrays": form}, table, table[:, COLUMNS.index("num-examples")])
+        average = reduce.mean(results, {"arrays": like}, aggregation=aggregation, expected=4)
+        avg = average.arrays["arrays"]
+        metrics = {"replies": average.replies, "rejected-replies": 4 - average.replies, **average.metrics}
         sound = [0, 1, 3]
         ref = average_states([states[k] for k in sound],
                              client_weights([stats[k].examples for k in sound], aggregation))

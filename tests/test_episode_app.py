@@ -179,7 +179,7 @@ def test_engine_vmap_path_refuses_episode(tmp_path):
 
 def test_config_and_strategy_choices():
     strategy = build_strategy(RunConfig.from_mapping({"algorithm": "episode", "local-steps": 4, "num-clients": 2}), 100)
-    assert isinstance(strategy, EPISODE) and strategy.local_steps == 4
+    assert strategy.algorithm.name == "episode" and strategy.local_steps == 4
     with pytest.raises(ValueError, match="client-state = \"reset\""):
         RunConfig.from_mapping({"algorithm": "episode", "task": "ptb"})
     RunConfig.from_mapping({"algorithm": "episode", "task": "ptb", "client-state": "reset"})

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import nn
 
 import client.local_round as client_round
@@ -42,10 +42,16 @@ def grad_reply(grad, buffers=None, n=4, **metrics):
                              "metrics": MetricRecord(m)}))
 
 
+def configure(s, server_round, state):
+    """The round's configure_train on a grid of num_clients nodes: the global model the replies answer."""
+    grid = LoopbackGrid(lambda m, c: None, {}, s.num_clients)
+    return list(s.configure_train(server_round, ArrayRecord({k: v.clone() for k, v in state.items()}), ConfigRecord(),
+                                  grid))
+
+
 def naive(x0, **kw):
     s = NaiveParallelClip(**{"lr": 0.5, "clip": 1.0, "batch_size": 4, "num_clients": 2, **kw})
-    s._global = {k: v.clone() for k, v in x0.items()}
-    s._sent[1] = 2
+    configure(s, 1, x0)
     return s
 
 
@@ -103,21 +109,24 @@ def test_server_momentum_is_torch_sgd_on_the_averaged_gradient():
     s = naive(x0, clip=math.inf, momentum=0.9, num_clients=1)
     ref = torch.tensor([1.0, -2.0], requires_grad=True)
     opt = torch.optim.SGD([ref], lr=0.5, momentum=0.9)
+    state = x0
     for r, g in enumerate([torch.tensor([1.0, 2.0]), torch.tensor([-1.0, 0.5]), torch.tensor([0.3, 0.3])], 1):
-        s._sent[r] = 1
+        if r > 1:
+            configure(s, r, state)
         arrays, _ = s.aggregate_train(r, [grad_reply({"w": g})])
-        s._global = arrays.to_torch_state_dict()
+        state = arrays.to_torch_state_dict()
         ref.grad = g.clone()
         opt.step()
-    assert torch.allclose(s._global["w"], ref.detach())
+    assert torch.allclose(state["w"], ref.detach())
 
 
 def test_naive_takes_no_local_steps_and_server_picks_it():
     with pytest.raises(TypeError, match="no local_steps"):
         NaiveParallelClip(lr=0.1, local_steps=2)
     cfg = RunConfig.from_mapping({"algorithm": "naive", "local-steps": 1, "clip": 0.5})
-    assert type(build_strategy(cfg, 100)) is NaiveParallelClip
-    assert type(build_strategy(cfg.replace(algorithm="celgc"), 100)).__name__ == "CELGC"
+    built = build_strategy(cfg, 100)
+    assert built.algorithm.name == "naive" and type(built).__name__ == "NaiveParallelClip"
+    assert build_strategy(cfg.replace(algorithm="celgc"), 100).algorithm.name == "celgc"
 
 
 def test_gradient_round_returns_gradients_and_batchnorm_buffers():
