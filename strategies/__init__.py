@@ -15,14 +15,19 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CELGC", "EPISODE", "NaiveParallelClip"]
+__all__ = ["CELGC", "EPISODE", "SCAFFOLD", "NaiveParallelClip"]
 
-_LAZY = {"CELGC": "strategies.celgc", "EPISODE": "strategies.episode_strategy", "NaiveParallelClip": "strategies.naive"}
+#: the strategies with a class of their own (their own constructor); every other method's
+#: strategy is ``strategies.base.flower_strategy(method)``, under the method's class name
+_OWN = {"CELGC": "strategies.celgc", "EPISODE": "strategies.episode_strategy", "NaiveParallelClip": "strategies.naive"}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
+    import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _OWN:
+        return getattr(importlib.import_module(_OWN[name]), name)
+    methods = {cls.__name__: cls for cls in importlib.import_module("strategies.algorithms").METHODS.values()}
+    if name in methods:
+        return importlib.import_module("strategies.base").flower_strategy(methods[name])
     raise AttributeError(f"module 'strategies' has no attribute {name!r}")

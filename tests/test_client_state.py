@@ -8,7 +8,6 @@ import math
 
 import pytest
 import torch
-from test_language_task import TINY, write_corpus
 
 import client.local_round as client_round
 import tasks
@@ -27,17 +26,8 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture
-def tiny_ptb(tmp_path, monkeypatch):
-    write_corpus(tmp_path / "data", words=160)
-    monkeypatch.setitem(language.MODEL_SIZES, "ptb", TINY)
-    monkeypatch.setattr(language, "BPTT", 10)
-    monkeypatch.setattr(language, "BLOCK_LEN", 64)
-    language._corpus.cache_clear()
-    tasks.cached_task.cache_clear()
-    tasks.partitions.cache_clear()
-    yield tmp_path
-    tasks.cached_task.cache_clear()
-    tasks.partitions.cache_clear()
+def tiny_ptb(tiny_lm):
+    return tiny_lm(160)
 
 
 def values(tmp_path, **kw):

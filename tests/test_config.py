@@ -56,7 +56,7 @@ def test_every_key_is_documented():
     ({"dirichlet-alpha": 0}, r"dirichlet-alpha must be > 0, got 0"),
     ({"task": "imagenet"}, r"task must be one of digits, cifar10, ptb, wikitext2, shakespeare or an import path "
                            r"\"package.module:factory\", got 'imagenet'"),
-    ({"algorithm": "fedprox"}, r"algorithm must be one of celgc, local-sgd, naive, episode, single, got 'fedprox'"),
+    ({"algorithm": "fedprox"}, r"algorithm must be one of celgc, local-sgd, naive, episode, single, scaffold, got 'fedprox'"),
     ({"aggregation": "median"}, r"aggregation must be one of uniform, examples, got 'median'"),
     ({"lr-milestones": "120,80"}, r"lr-milestones must be increasing"),
     ({"lr-milestones": "a,b"}, r"lr-milestones must be comma-separated numbers"),

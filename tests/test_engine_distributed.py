@@ -111,36 +111,11 @@ def test_run_config_overrides_parse_like_flwr_run():
         parse_overrides(["lr"])
 
 
-VMAP_WORLD = """
-import sys, torch
-from torch import nn
-from tasks.config import RunConfig
-from simulations.engine import EngineOptions, run_engine
-from tasks.partition import partition
-from tasks.digits import DigitsCNN, digits_task
-import dataclasses
-
-def smooth():  # the default model with average pooling: no argmax to flip on 1-ulp differences
-    model = DigitsCNN()
-    model.features[6] = nn.AvgPool2d(2)
-    return model
-
-task = dataclasses.replace(digits_task(), build_model=smooth)
-device = sys.argv[2] if len(sys.argv) > 2 else "cpu"
-cfg = RunConfig.from_mapping({"num-clients": 5, "num-rounds": 2, "local-steps": 3, "batch-size": 16, "device": device})
-parts = partition(task.labels, 5, "homogeneous", 0)
-result = run_engine(cfg, EngineOptions(path="vmap"), task=task, parts=parts, write_results=False, show_progress=False)
-if result.clients.start == 0:
-    state = {k: v.cpu() for k, v in result.state.items()}
-    torch.save({"state": state, "clients": list(result.clients), "rows": result.rows}, sys.argv[1])
-"""
-
-
 @pytest.mark.realproc
-def test_vectorised_world_of_two_equals_one(tmp_path):
+def test_vectorised_world_of_two_equals_one(tmp_path, vmap_world):
     """vmap over 3 + 2 clients in 2 gloo processes == vmap over all 5 in one process."""
     script = tmp_path / "vmap_world.py"
-    script.write_text(VMAP_WORLD)
+    script.write_text(vmap_world)
     run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script),
          str(tmp_path / "two.pt")])
     run([sys.executable, str(script), str(tmp_path / "one.pt")])

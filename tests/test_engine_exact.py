@@ -154,13 +154,9 @@ def test_the_one_average_is_strategies_averaging_and_rejects_nonfinite(monkeypat
         assert metrics["clip-fraction"] == pytest.approx(2 / 3) and metrics["grad-norm"] == pytest.approx(2.5)
 
 
-def mlp():
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 24), nn.Tanh(), nn.Linear(24, 10))
-
-
 @pytest.mark.parametrize("path", ["vmap", "sequential"])
 @pytest.mark.parametrize("clip, momentum", [(0.5, 0.0), ("off", 0.5)])
-def test_naive_equals_one_machine_at_batch_n_b(path, clip, momentum):
+def test_naive_equals_one_machine_at_batch_n_b(path, clip, momentum, mlp):
     """N clients x batch b, gradients averaged, one clipped step == clipped SGD at batch N*b
     on the union of the same samples (a BatchNorm-free model: no batch statistics)."""
     n, b, rounds = 4, 8, 5
@@ -193,46 +189,8 @@ def test_naive_equals_one_machine_at_batch_n_b(path, clip, momentum):
     assert clipped == 0 if clip == "off" else clipped > 0
 
 
-class TinyLSTM(nn.Module):
-    def __init__(self, vocab=12, dim=6):
-        super().__init__()
-        self.emb = nn.Embedding(vocab, dim)
-        self.lstm = nn.LSTM(dim, dim)
-        self.out = nn.Linear(dim, vocab)
-
-    def forward(self, x):
-        h, _ = self.lstm(self.emb(x))
-        return self.out(h)
-
-
-@dataclasses.dataclass
-class TinyTextTask:
-    """Next-token prediction on random streams: a task object as the engine sees one."""
-
-    streams: list
-    train_size: int = 400
-
-    @staticmethod
-    def build_model():
-        return TinyLSTM()
-
-    def round_batches(self, partition, *, seed, partition_id, server_round, local_steps, batch_size, device):
-        g = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, partition_id, server_round]).generate_state(1)[0]))
-        for _ in range(local_steps):
-            start = torch.randint(0, len(partition) - 9, (batch_size,), generator=g)
-            rows = torch.stack([partition[s : s + 9] for s in start.tolist()], 1).to(device)  # [T+1, B]
-            yield rows[:-1], rows[1:]
-
-    @staticmethod
-    def loss(model, batch):
-        x, y = batch
-        return nn.functional.cross_entropy(model(x).reshape(-1, 12), y.reshape(-1))
-
-    def evaluate(self, model, device):
-        return {}
-
-
-def test_lstm_model_falls_back_to_per_client_and_stays_exact():
+def test_lstm_model_falls_back_to_per_client_and_stays_exact(tiny_text):
+    TinyTextTask, TinyLSTM = tiny_text, tiny_text.model
     g = torch.Generator().manual_seed(0)
     streams = [torch.randint(0, 12, (100,), generator=g) for _ in range(3)]
     task = TinyTextTask(streams)

@@ -78,8 +78,8 @@ def test_one_stream_per_client_equals_one_stream():
     assert all(torch.equal(streams.state[k], single.state[k]) for k in single.state)
 
 
-def test_lstm_model_runs_per_client_on_cuda_streams():
-    from test_engine_exact import TinyTextTask
+def test_lstm_model_runs_per_client_on_cuda_streams(tiny_text):
+    TinyTextTask = tiny_text
 
     g = torch.Generator().manual_seed(0)
     streams = [torch.randint(0, 12, (100,), generator=g) for _ in range(3)]
@@ -94,12 +94,10 @@ def test_lstm_model_runs_per_client_on_cuda_streams():
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL world of 2)")
-def test_two_nccl_processes_give_the_one_process_result(tmp_path):
+def test_two_nccl_processes_give_the_one_process_result(tmp_path, vmap_world):
     """vmap over 3 + 2 clients on 2 GPUs (NCCL) == vmap over all 5 on one GPU."""
-    from test_engine_distributed import VMAP_WORLD
-
     script = tmp_path / "vmap_world.py"
-    script.write_text(VMAP_WORLD)
+    script.write_text(vmap_world)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for cmd in ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script),
                  str(tmp_path / "two.pt"), "cuda"], [sys.executable, str(script), str(tmp_path / "one.pt"), "cuda"]):

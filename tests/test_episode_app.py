@@ -9,38 +9,22 @@ import math
 import pytest
 import torch
 from flwr.app import Error, Message
-from test_engine_parity import assert_same_run, engine, flower
 from torch import nn
 
 import client.local_round
 import tasks as local_round
-import tasks.digits
 from client.app import app as client_app
-from simulations.loopback import LoopbackGrid, run_server_app
 from server.app import app as server_app
 from server.app import build_strategy, initial_model
-from tasks.runs.results import load_weights, read_results
 from simulations.engine import EngineOptions, run_engine
+from simulations.loopback import LoopbackGrid, run_server_app
+from strategies import bound
 from strategies.episode import CORRECTION_KEY, RESAMPLE_MODE, resample_seed
 from strategies.episode_strategy import EPISODE
 from tasks import load_task
 from tasks.config import RunConfig
+from tasks.runs.results import load_weights, read_results
 from tasks.sampling import round_batches
-
-
-def mlp():
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 12), nn.Tanh(), nn.Linear(12, 10))
-
-
-@pytest.fixture
-def mlp_digits(monkeypatch):
-    """The digits task with a small BatchNorm-free MLP."""
-    monkeypatch.setattr(tasks.digits, "DigitsCNN", mlp)
-    local_round.cached_task.cache_clear()
-    local_round.partitions.cache_clear()
-    yield
-    local_round.cached_task.cache_clear()
-    local_round.partitions.cache_clear()
 
 
 def run_flower(tmp_path, name, n, **overrides):
@@ -94,7 +78,7 @@ def reference(values, parts):
 
 
 @pytest.mark.parametrize("n, clip", [(3, 0.05), (3, 5.0), (1, 0.05), (1, 5.0)])
-def test_flower_path_equals_the_papers_algorithm(tmp_path, mlp_digits, n, clip):
+def test_flower_path_equals_the_papers_algorithm(tmp_path, mlp_digits, mlp, n, clip):
     """N = 3 or 1 clients, I = 3, R = 2; clip 0.05 makes every round clip, 5.0 none."""
     values, grid, header, rows, fed = run_flower(
         tmp_path, "ep", n, **{"local-steps": 3, "num-rounds": 2, "batch-size": 8, "lr": 0.2, "clip": clip,
@@ -114,7 +98,7 @@ def test_flower_path_equals_the_papers_algorithm(tmp_path, mlp_digits, n, clip):
         assert any(torch.count_nonzero(t) > 0 for c in corrections for t in c.values())
     # bytes: the model down twice, the correction down, gradients + buffers up, the model up
     model_bytes = header["model-bytes"]
-    trainable = sum(p.numel() * p.element_size() for p in mlp().parameters())
+    trainable = sum(p.numel() * p.element_size() for p in mlp().parameters())  # the mlp_digits model
     assert rows[-1]["bytes-sent"] == n * (2 * model_bytes + trainable)
     assert rows[-1]["bytes-received"] == 2 * n * model_bytes
     assert rows[-1]["resample-failures"] == 0 and rows[-1]["global-grad-norm"] > 0
@@ -163,10 +147,10 @@ CASE = {"algorithm": "episode", "local-steps": 3, "num-rounds": 2, "weight-decay
         "clip": 0.5}
 
 
-def test_engine_equals_flower_bit_for_bit(tmp_path):
+def test_engine_equals_flower_bit_for_bit(runs):
     """The default digits CNN (BatchNorm: the resample's forward pass must not move the buffers)."""
-    flower_run = flower(tmp_path, "flower", **CASE)
-    assert_same_run(flower_run, engine(tmp_path, "engine", "auto", **CASE), exact=True)
+    flower_run = runs.flower("flower", **CASE)
+    runs.same(flower_run, runs.engine("engine", "auto", **CASE), exact=True)
     _, (_, rows) = flower_run
     assert [r["clip-fraction"] for r in rows[1:]] in ([1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 1.0])
 
@@ -187,10 +171,45 @@ def test_config_and_strategy_choices():
         EPISODE(local_steps=2, lr=0.1, resample_timeout=0)
 
 
-def test_engine_equals_flower_with_partial_participation(tmp_path):
+def test_engine_equals_flower_with_partial_participation(runs):
     """K of M clients a round (strategies.participation): only they resample and train."""
     case = {**CASE, "num-clients": 4, "clients-per-round": 2}
-    flower_run = flower(tmp_path, "flower-pp", **case)
-    assert_same_run(flower_run, engine(tmp_path, "engine-pp", "auto", **case), exact=True)
+    flower_run = runs.flower("flower-pp", **case)
+    runs.same(flower_run, runs.engine("engine-pp", "auto", **case), exact=True)
     _, (_, rows) = flower_run
     assert all(r["replies"] == 2 for r in rows[1:])
+
+
+def test_an_honest_heterogeneous_run_is_never_rejected_and_equals_the_engine(runs):
+    """EPISODE bounds a reply only in a round that clips (I clip); in a round that does not, an
+    honest client with skewed data moves as far as its corrected steps take it -- here well
+    beyond I clip, which a CELGC-style filter rejected (main before the algorithm layer: "moved
+    4.29 ... more than the 4.00 that 8 clipped steps allow"). The run completes, every reply
+    sound, and the engine gives the same run bit for bit."""
+    moved: dict[int, list[float]] = {}
+
+    def measuring(msg, context):
+        reply = client_app(msg, context)
+        config = msg.content["config"] if msg.metadata.message_type == "train" else {}
+        if config.get("mode") == "episode":
+            glob = msg.content["arrays"].to_torch_state_dict()
+            state = reply.content["arrays"].to_torch_state_dict()
+            keys = [k for k in glob if k.endswith(("weight", "bias")) and "running" not in k]
+            ratio = bound.displacement(state, glob, keys) / (config["local-steps"] * config["clip"])
+            moved.setdefault(config["server-round"], []).append(ratio)
+        return reply
+
+    case = {**CASE, "num-clients": 6, "num-rounds": 3, "local-steps": 8, "batch-size": 32, "lr": 0.3, "clip": 0.5,
+            "momentum": 0.0, "weight-decay": 0.0, "partitioner": "dirichlet", "dirichlet-alpha": 0.3}
+    values = runs.values("honest", **case)
+    run_server_app(server_app, LoopbackGrid(measuring, values, 6))
+    flower_run = runs.read("honest")
+    rows = flower_run[1][1]
+    assert all(r["rejected-replies"] == 0 and r["replies"] == 6 and "failures" not in r for r in rows[1:]), rows
+    calm = [r["round"] for r in rows[1:] if r["clip-fraction"] == 0.0]
+    assert calm and len(calm) < 3, [r["global-grad-norm"] for r in rows[1:]]  # rounds of both kinds happened
+    assert max(max(moved[r]) for r in calm) > 1.0  # and an honest reply moved beyond I clip in it
+    for r in rows[1:]:
+        if r["clip-fraction"] == 1.0:  # a clipping round: within I clip (the bound the filter checks)
+            assert max(moved[r["round"]]) <= 1.0 + 1e-5
+    runs.same(flower_run, runs.engine("honest-engine", "auto", **case), exact=True)

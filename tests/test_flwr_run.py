@@ -53,13 +53,11 @@ def test_federation_of_the_wrong_size_is_a_failed_run_with_the_fix(superlink, tm
     assert "num-supernodes=3" in text
 
 
-def test_flwr_run_carries_client_state_across_rounds(superlink, tmp_path):
+def test_flwr_run_carries_client_state_across_rounds(superlink, tmp_path, corpus):
     """The language model's hidden state and place travel in Flower's Context.state under the
     real simulation runtime: `flwr run` equals the in-process app with state kept, and differs
     from stateless clients (the full-size AWD-LSTM on a tiny corpus)."""
-    from test_language_task import write_corpus
-
-    write_corpus(tmp_path / "data", words=1500)
+    corpus(tmp_path / "data", words=1500)
     lm = {"task": "ptb", "data-dir": str(tmp_path / "data"), "num-clients": 2, "num-rounds": 3, "local-steps": 2,
           "batch-size": 2, "lr": 5.0, "clip": 0.5, "device": "cpu", "eval-every": 3, "results-dir": str(tmp_path)}
     run = run_app(ROOT, {**lm, "run-name": "flwr-lm"}, {"num-supernodes": 2}, timeout=400, superlink=superlink)

@@ -2,7 +2,6 @@
 determinism, and PTB end to end through the ServerApp and ClientApp (tiny corpus, tiny model)."""
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,39 +18,9 @@ from tasks import load_task
 from tasks.config import RunConfig
 from tasks.text import text_regions, text_shards
 
-TINY = {"emb_size": 8, "hidden_size": 12, "num_layers": 2}
-
-
-
-
-def write_corpus(folder: Path, words: int = 6000, seed: int = 0) -> None:
-    """A small corpus with structure to learn: sentences from a 30-word grammar-ish source."""
-    rng = np.random.default_rng(seed)
-    vocab = [f"w{i}" for i in range(30)]
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, n in (("train", words), ("valid", words // 6), ("test", words // 6)):
-        lines, count = [], 0
-        while count < n:
-            start = int(rng.integers(0, 30))
-            length = int(rng.integers(3, 12))
-            sentence = [vocab[(start + 3 * k) % 30] for k in range(length)]
-            lines.append(" " + " ".join(sentence) + " ")
-            count += length + 1
-        (folder / f"ptb.{name}.txt").write_text("\n".join(lines) + "\n")
-
-
 @pytest.fixture
-def tiny_ptb(tmp_path, monkeypatch):
-    write_corpus(tmp_path / "data")
-    monkeypatch.setitem(language.MODEL_SIZES, "ptb", TINY)
-    monkeypatch.setattr(language, "BPTT", 10)
-    monkeypatch.setattr(language, "BLOCK_LEN", 64)
-    language._corpus.cache_clear()
-    local_round.cached_task.cache_clear()
-    local_round.partitions.cache_clear()
-    yield tmp_path
-    local_round.cached_task.cache_clear()
-    local_round.partitions.cache_clear()
+def tiny_ptb(tiny_lm):
+    return tiny_lm(6000)
 
 
 def cfg_for(tmp_path, **kw):

@@ -141,23 +141,8 @@ def test_gradient_round_returns_gradients_and_batchnorm_buffers():
     assert metrics["num-examples"] == 16 and metrics["num-steps"] == 1 and metrics["grad-norm"] > 0
 
 
-def mlp():
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 24), nn.Tanh(), nn.Linear(24, 10))
-
-
-@pytest.fixture
-def bn_free_digits(monkeypatch):
-    """The digits task with a BatchNorm-free MLP, so that batch statistics play no part."""
-    monkeypatch.setattr(tasks.digits, "DigitsCNN", mlp)
-    local_round.cached_task.cache_clear()
-    local_round.partitions.cache_clear()
-    yield
-    local_round.cached_task.cache_clear()
-    local_round.partitions.cache_clear()
-
-
 @pytest.mark.parametrize("clip, momentum", [(0.5, 0.0), ("off", 0.5)])
-def test_n_clients_equal_one_machine_at_batch_n_b(tmp_path, bn_free_digits, clip, momentum):
+def test_n_clients_equal_one_machine_at_batch_n_b(tmp_path, mlp_digits, mlp, clip, momentum):
     n, b, rounds, lr = 4, 8, 6, 0.5
     values = {**RunConfig().to_mapping(), "algorithm": "naive", "local-steps": 1, "num-clients": n,
               "batch-size": b, "num-rounds": rounds, "lr": lr, "clip": clip, "momentum": momentum,

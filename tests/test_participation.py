@@ -10,8 +10,6 @@ import torch
 pytest.importorskip("flwr")
 
 from flwr.app import MessageType  # noqa: E402
-from test_client_state import tiny_ptb, values  # noqa: E402,F401  (fixture)
-from test_engine_parity import assert_same_run, smooth_digits  # noqa: E402,F401  (fixture)
 
 from client.app import app as client_app  # noqa: E402
 from simulations.loopback import LoopbackGrid, run_server_app  # noqa: E402
@@ -24,6 +22,12 @@ from strategies.participation import participants  # noqa: E402
 from tasks.config import RunConfig  # noqa: E402
 
 M, K, ROUNDS = 6, 2, 3
+
+
+def lm_values(tmp_path, **kw):
+    return {**RunConfig().to_mapping(), "task": "ptb", "data-dir": str(tmp_path / "data"), "num-clients": 1,
+            "batch-size": 2, "local-steps": 3, "num-rounds": 4, "lr": 5.0, "clip": 0.5, "device": "cpu",
+            "weight-decay": 1.2e-6, "node-wait": 2.0, "results-dir": str(tmp_path / "res"), **kw}
 BASE = {"num-clients": M, "clients-per-round": K, "num-rounds": ROUNDS, "batch-size": 16, "device": "cpu",
         "node-wait": 2.0, "seed": 3}
 CASES = {
@@ -49,7 +53,7 @@ def engine(tmp_path, name, path, **overrides):
     return load_weights(tmp_path / name / "model.pt"), read_results(tmp_path / name / "results.jsonl")
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_flower_trains_the_sampled_partitions_and_the_engine_matches_bit_for_bit(tmp_path, case):
+def test_flower_trains_the_sampled_partitions_and_the_engine_matches_bit_for_bit(tmp_path, runs, case):
     ref, trained = flower(tmp_path, "flower", **CASES[case])
     expected = {r: participants(BASE["seed"], r, M, K) for r in range(1, ROUNDS + 1)}
     assert trained == expected
@@ -58,12 +62,12 @@ def test_flower_trains_the_sampled_partitions_and_the_engine_matches_bit_for_bit
     for row in rows[1:]:
         assert row["replies"] == K and row["failed-replies"] == 0 and row["failed-nodes"] == []
         assert "failures" not in row  # a member that was not sampled is not offline
-    assert_same_run(ref, engine(tmp_path, "engine", "auto", **CASES[case]), exact=True)
+    runs.same(ref, engine(tmp_path, "engine", "auto", **CASES[case]), exact=True)
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_vectorised_engine_runs_only_the_sampled_clients(tmp_path, smooth_digits, case):  # noqa: F811
+def test_vectorised_engine_runs_only_the_sampled_clients(tmp_path, smooth_digits, runs, case):
     ref, _ = flower(tmp_path, "flower", **CASES[case])
-    assert_same_run(ref, engine(tmp_path, "vmap", "vmap", **CASES[case]), exact=False)
+    runs.same(ref, engine(tmp_path, "vmap", "vmap", **CASES[case]), exact=False)
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_epochs_schedule_and_bytes_count_k_clients(tmp_path, case):
@@ -106,18 +110,20 @@ def test_watched_grid_expects_only_the_rounds_partitions():
 
 
 @pytest.mark.realproc
-def test_two_engine_processes_share_the_rounds_sample(tmp_path):
+def test_two_engine_processes_share_the_rounds_sample(tmp_path, command, close):
     """torchrun, 2 gloo processes: each runs its slots of the round's K = 3 of M = 5 clients
     (2 + 1); the same run as one process."""
     import sys
+    from pathlib import Path
 
-    from test_engine_distributed import ROOT, assert_close, run
+    root = Path(__file__).resolve().parents[1]
+    run, assert_close = command, close
 
     keys = {"num-clients": 5, "clients-per-round": 3, "num-rounds": 3, "local-steps": 2, "batch-size": 16,
             "device": "cpu", "results-dir": str(tmp_path)}
     overrides = " ".join(f"{k}={v}" for k, v in keys.items())
     run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-         "simulations.engine", "--config", str(ROOT / "pyproject.toml"), "--quiet",
+         "simulations.engine", "--config", str(root / "pyproject.toml"), "--quiet",
          "--run-config", f"{overrides} run-name=two"])
     one = run_engine(RunConfig.from_mapping({**keys, "run-name": "one"}), show_progress=False)
     assert_close(load_weights(tmp_path / "two" / "model.pt"), one.state, 1e-6)
@@ -151,10 +157,11 @@ def test_only_a_sampled_member_that_is_offline_fails(tmp_path):
     assert "failures" not in rows[2] and "offline" in rows[3]["failures"][0]
 
 
-def test_stateful_clients_keep_their_state_while_not_sampled(tiny_ptb):  # noqa: F811
+def test_stateful_clients_keep_their_state_while_not_sampled(tiny_lm):
     """The language task carries each client's hidden state and place in its text: with K = 1 of
     M = 2 a client that sits out a round resumes where it stopped, on both backends alike."""
-    vals = values(tiny_ptb, **{"num-clients": 2, "clients-per-round": 1, "num-rounds": 5, "seed": 0,
+    tiny_ptb = tiny_lm(160)
+    vals = lm_values(tiny_ptb, **{"num-clients": 2, "clients-per-round": 1, "num-rounds": 5, "seed": 0,
                                "local-steps": 2, "run-name": "flower"})
     picks = [participants(0, r, 2, 1) for r in range(1, 6)]
     assert [0] in picks and [1] in picks and any(picks[r] == picks[r + 1] for r in range(4))

@@ -6,11 +6,8 @@ rejected-replies 0 and the measured displacement / bound ratio reported."""
 from __future__ import annotations
 
 import pytest
-from test_language_task import TINY, write_corpus
 
 import strategies.algorithm as algorithm
-import tasks
-import tasks.language as language
 from client.app import app as client_app
 from simulations.loopback import LoopbackGrid, run_server_app
 from server.app import app as server_app
@@ -61,16 +58,8 @@ def test_honest_replies_are_never_rejected(case, tmp_path, ratios):
 
 
 @pytest.fixture
-def tiny_ptb(tmp_path, monkeypatch):
-    write_corpus(tmp_path / "data", words=400)
-    monkeypatch.setitem(language.MODEL_SIZES, "ptb", TINY)
-    monkeypatch.setattr(language, "BPTT", 10)
-    monkeypatch.setattr(language, "BLOCK_LEN", 64)
-    for f in (language._corpus, tasks.cached_task, tasks.partitions):
-        f.cache_clear()
-    yield tmp_path
-    for f in (language._corpus, tasks.cached_task, tasks.partitions):
-        f.cache_clear()
+def tiny_ptb(tiny_lm):
+    return tiny_lm(400)
 
 
 @pytest.mark.parametrize("algorithm", ["celgc", "naive"])

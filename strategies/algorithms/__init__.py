@@ -16,11 +16,12 @@ from .celgc import CELGC
 from .episode import EPISODE
 from .local_sgd import LocalSGD
 from .naive import NaiveParallelClip
+from .scaffold import SCAFFOLD
 from .single import SingleMachine
 
 #: ``algorithm`` config value -> the method
 METHODS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (CELGC, LocalSGD, NaiveParallelClip, EPISODE,
-                                                                   SingleMachine)}
+                                                                   SingleMachine, SCAFFOLD)}
 
 
 def method(name: str) -> type[Algorithm]:

@@ -1,0 +1,102 @@
+"""SCAFFOLD: stochastic controlled averaging, the heterogeneity baseline of EPISODE (every backend).
+
+Karimireddy, Kale, Mohri, Reddi, Stich, Suresh, "SCAFFOLD: Stochastic Controlled Averaging
+for Federated Learning" (ICML 2020, https://arxiv.org/abs/1910.06378), Algorithm 1 with the
+control variates of option II and the global step size eta_g = 1 (the paper's experiments).
+Round r, server model x, server control c (zeros at first), sampled clients S of all N:
+
+1. client i in S receives (x, c) and, from y_i = x, takes I steps
+
+       y_i <- y_i - eta (g_i(y_i) - c_i + c)        (+ lambda y_i, heavy-ball as torch.optim.SGD)
+
+   with its own control c_i (zeros at first, kept by the client across rounds -- Flower's
+   ``Context.state``, the engine per client -- also while it is not sampled), then
+
+       c_i+ = c_i - c + (x - y_i) / (I eta)          (option II)
+
+   and sends y_i and dc_i = c_i+ - c_i, keeping c_i <- c_i+;
+2. the server: x <- x + mean_S (y_i - x) = mean_S y_i (BatchNorm statistics averaged like
+   parameters) and c <- c + (|S| / N) mean_S dc_i.
+
+The steps are not clipped (``clip = "off"``): the baseline as the EPISODE paper runs it, so
+no displacement bound holds. A step whose corrected gradient is not finite is skipped and
+counted, as every step here. A resumed run starts c and every c_i at zero again (the clients'
+controls live with the clients, and a resumed Flower run is a new run).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..algorithm import Algorithm, Exchange, Round, Server
+from ..clipped_sgd import clipped_sgd_step, grad_norm
+from ..local_update import Rule
+from ..reduce import ClientResults, per_client
+from ..settings import Hyper, Mode
+
+
+def _step(params, grads, bufs, cfg, lr_scale, extra):
+    """SGD on the corrected gradient g - c_i + c (``extra``: c - c_i); ``grad-norm``: |g|."""
+    new, bufs, stats = clipped_sgd_step(params, [g + e for g, e in zip(grads, extra, strict=True)], bufs, cfg,
+                                        lr_scale=lr_scale)
+    return new, bufs, {**stats, "grad-norm": grad_norm(grads)}
+
+
+class SCAFFOLD(Algorithm):
+    """I local steps corrected by the control variates c - c_i; models and controls averaged."""
+
+    name = "scaffold"
+    paper = "Karimireddy et al., ICML 2020, https://arxiv.org/abs/1910.06378"
+    modes = (Mode.SCAFFOLD,)
+    keeps_client_memory = True
+
+    def __init__(self, hyper: Hyper, **kw: Any) -> None:
+        super().__init__(hyper, **kw)
+        self.control: dict[str, Tensor] = {}  # c; empty: zeros
+
+    @classmethod
+    def problems(cls, hyper: Hyper) -> list[str]:
+        return [] if not hyper.clipping else [f"clip must be \"off\" for algorithm 'scaffold' (SCAFFOLD takes "
+                                              f"unclipped steps), got {hyper.clip}"]
+
+    def server(self, rnd: Round) -> Server:
+        c = self.control or {k: torch.zeros_like(rnd.state[k]) for k in (rnd.trainable or [])}
+        results = yield rnd.exchange(Mode.SCAFFOLD, arrays={"control": [c] * len(rnd.clients)})
+        average = rnd.mean(results, "arrays", "control")
+        if average.arrays is None:
+            return rnd.finish(None, average)
+        share = average.replies / (self.population or rnd.expected)  # |S| / N
+        delta = average.arrays["control"]
+        self.control = {k: (c[k] if k in c else torch.zeros_like(v)) + share * v for k, v in delta.items()}
+        return rnd.finish(average.arrays["arrays"], average)
+
+    @classmethod
+    def client(cls, exchange: Exchange, group) -> ClientResults:
+        s = exchange.settings
+        names, device = group.trainable, group.device
+        x = {k: exchange.state[k].to(device) for k in names}
+        servers = exchange.arrays.get("control") or [{}] * group.n
+        zero = {k: torch.zeros_like(x[k]) for k in names}
+        mine = [{k: memory.get(k, zero[k]).to(device) for k in names} for memory in group.memory]
+        theirs = [{k: c[k].to(device) if k in c else zero[k] for k in names} for c in servers]
+        table = group.train(s, rule=RULE, extra=[[c[k] - ci[k] for k in names] for c, ci in zip(theirs, mine)])
+        deltas = []
+        for y, c, ci, memory in zip(per_client(group.states()), theirs, mine, group.memory, strict=True):
+            new = {k: ci[k] - c[k] + (x[k] - y[k].detach()) / (s.local_steps * s.lr) for k in names}  # option II
+            deltas.append({k: new[k] - ci[k] for k in names})
+            memory.clear()
+            memory.update(new)  # c_i <- c_i+
+        return group.results({"arrays": group.states(), "control": deltas}, table)
+
+    def reply_groups(self, mode: Mode) -> tuple[str, ...]:
+        return ("arrays", "control")
+
+    def summary(self) -> list[str]:
+        return [f"SCAFFOLD ({self.paper}): I = {self.hyper.local_steps} local steps corrected by c - c_i "
+                "(option II), eta_g = 1"]
+
+
+RULE = Rule(_step)
