@@ -40,10 +40,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from strategies.clipped_sgd import StepConfig, clipped_sgd_step  # noqa: E402
 from simulations.engine import Engine, EngineOptions  # noqa: E402
 from simulations.engine.distributed import World  # noqa: E402
-from simulations.engine.run import round_hparams  # noqa: E402
+from strategies.algorithm import Exchange  # noqa: E402
+from strategies.algorithms import build  # noqa: E402
+from strategies.clipped_sgd import StepConfig, clipped_sgd_step  # noqa: E402
+from strategies.settings import Mode  # noqa: E402
 from tasks import initial_model  # noqa: E402
 from tasks.config import RunConfig  # noqa: E402
 from tasks.partition import partition  # noqa: E402
@@ -97,6 +99,11 @@ def client_parts(task, cfg):
 
 
 # --------------------------------------------------------------------------- methods
+def round_hparams(cfg: RunConfig, r: int, train_size: int) -> tuple[float, float]:
+    """(lr, clip) of round ``r``: the method's schedule (every backend's)."""
+    return build(cfg.algorithm, cfg.hyper, train_size=train_size, per_round=cfg.per_round).round_hparams(r)
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -144,17 +151,14 @@ class EngineMethod:
         self.engine.train_round(r)
 
     def steps_only(self, r: int, clock=time.perf_counter) -> float:
-        e, cfg = self.engine, self.engine.cfg
-        lr, clip = round_hparams(cfg, r, e.task.train_size)
-        step = StepConfig(lr=lr, clip=clip, weight_decay=cfg.weight_decay, momentum=cfg.momentum)
-        e.runner.load(e.state)
-        iters = e._iters(r)
+        """The clients' I local steps of round ``r`` alone (the method's client side, no averaging)."""
+        e = self.engine
+        e.round_clients = e._participants(r)
+        lr, clip = e.algorithm.round_hparams(r)
+        exchange = Exchange(e.algorithm.round_settings(r, Mode.LOCAL, lr, clip), list(e.round_clients), e.state)
         sync(e.device)
         t0 = clock()
-        if e.runner.path == "vmap":
-            e.runner.run_round(iters, step)
-        else:
-            e.runner.run_round(iters, step, seed=e._seed(r))
+        e.run_exchange(exchange)
         sync(e.device)
         return clock() - t0
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.runs.results import read_results
 from tasks.config import task_label
+from tasks.runs.results import read_results
 
 RESULTS_FILE = "results.jsonl"
 
@@ -90,12 +90,15 @@ def find_runs(paths: Iterable[str | Path]) -> list[Run]:
 
 
 def method_label(config: dict[str, Any]) -> str:
-    """'CELGC I=8', 'EPISODE I=8', 'naive parallel clipping', 'local SGD I=8 (no clipping)', 'single machine I=32'."""
+    """'CELGC I=8', 'EPISODE I=8', 'SCAFFOLD I=8', 'naive parallel clipping', 'local SGD I=8 (no clipping)',
+    'single machine'."""
     alg = config.get("algorithm", "celgc")
     steps = config.get("local-steps", "?")
     if alg == "naive":
         return "naive parallel clipping"
-    if int(config.get("num-clients", 0) or 0) == 1:
+    if alg == "scaffold":
+        return f"SCAFFOLD I={steps}"
+    if alg == "single" or int(config.get("num-clients", 0) or 0) == 1:
         clip = "" if config.get("clip") != "off" else " (no clipping)"
         return f"single machine{clip}"
     if alg == "local-sgd" or config.get("clip") == "off":

@@ -24,213 +24,18 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-import torch
 from torch import Tensor
 
-from .averaging import state_nbytes
-from .bound import check_displacement
-from .reduce import AllReduce, ClientResults, Mean, mean, per_client
+from .bound import check_displacement, norm
+from .reduce import ClientResults
+from .round import Exchange, Rejection, Round, RoundReport, Server
 from .schedule import global_epoch, scheduled
 from .settings import Hyper, Mode, RoundSettings
 
 __all__ = ["Algorithm", "Exchange", "Rejection", "Round", "RoundReport", "Server"]
-
-#: what a group of a reply holds: the whole state, the trainable parameters' shapes, or the rest
-GROUP_KINDS = {"arrays": "state", "grads": "trainable", "control": "trainable", "buffers": "buffers"}
-
-
-@dataclass
-class Exchange:
-    """What the server sends in one exchange of a round: the global ``state``, the
-    ``settings`` (their ``mode`` says what the clients do) and per-client ``arrays``
-    (record name -> one mapping per client of ``clients``, e.g. EPISODE's corrections)."""
-
-    settings: RoundSettings
-    clients: list[int]
-    state: Mapping[str, Tensor]
-    arrays: dict[str, list[Mapping[str, Tensor]]] = field(default_factory=dict)
-    final: bool = True
-    expected: int | None = None  # clients asked over all processes (None: len(clients))
-
-    @property
-    def mode(self) -> Mode:
-        return self.settings.mode
-
-    def for_clients(self, positions: Sequence[int]) -> Exchange:
-        """The same exchange for the clients at ``positions`` (one client of a ClientApp)."""
-        return Exchange(self.settings, [self.clients[i] for i in positions], self.state,
-                        {k: [v[i] for i in positions] for k, v in self.arrays.items()}, self.final, self.expected)
-
-    def sent_bytes(self) -> int:
-        """What this exchange's messages carry: the model once per client plus its arrays."""
-        model = state_nbytes(self.state)
-        return sum(model + sum(state_nbytes(a[i]) for a in self.arrays.values()) for i in range(len(self.clients)))
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """A client's reply that was not used, and why (``mode``: the exchange it answered)."""
-
-    client: int | str
-    reason: str
-    mode: Mode | None = None
-
-
-@dataclass
-class RoundReport:
-    """The outcome of one round: the new global state (None: unchanged) and the round's
-    metrics -- ``replies``, ``rejected-replies``, ``failed-replies``, ``bytes-sent``,
-    ``bytes-received``, the clients' metrics and the method's own -- and the rejections."""
-
-    server_round: int
-    lr: float
-    clip: float
-    state: dict[str, Tensor] | None
-    metrics: dict[str, float | int]
-    rejected: list[Rejection] = field(default_factory=list)
-
-    @property
-    def replies(self) -> int:
-        return int(self.metrics.get("replies", 0))
-
-
-class Round:
-    """One round of a method on one backend process: the exchanges' bookkeeping and averaging.
-
-    ``clients``: the round's clients this process drives; ``expected``: the round's clients
-    over all processes (default: ``len(clients)``); ``all_reduce``: the sum over processes
-    (None: one process); ``trainable``: the names of the trainable parameters (None: taken
-    from the replies)."""
-
-    def __init__(self, algorithm: Algorithm, server_round: int, state: Mapping[str, Tensor], clients: Sequence[int],
-                 *, expected: int | None = None, all_reduce: AllReduce | None = None,
-                 trainable: Sequence[str] | None = None) -> None:
-        self.algorithm = algorithm
-        self.server_round = server_round
-        self.state = dict(state)
-        self.clients = list(clients)
-        self.expected = len(self.clients) if expected is None else expected
-        self.all_reduce = all_reduce
-        self.trainable = None if trainable is None else list(trainable)
-        self.lr, self.clip = algorithm.round_hparams(server_round)
-        self.rejected: list[Rejection] = []
-        self.failed: dict[Mode | None, int] = {}  # clients without a usable reply (errors, timeouts), by exchange
-        self._pending = {"bytes-sent": 0.0, "bytes-received": 0.0}  # this process's, until the next mean
-        self._totals = {"bytes-sent": 0, "bytes-received": 0}
-        self._exchanges = 0
-        self._last: Exchange | None = None
-
-    # --- exchanges -----------------------------------------------------------------------
-    def settings(self, mode: Mode, **changes: Any) -> RoundSettings:
-        """The round's scheduled settings for an exchange of ``mode``."""
-        return self.algorithm.round_settings(self.server_round, mode, self.lr, self.clip).replace(**changes)
-
-    def exchange(self, mode: Mode, clients: Sequence[int] | None = None, arrays: dict[str, list[Any]] | None = None,
-                 expected: int | None = None, **changes: Any) -> Exchange:
-        """The next exchange: ``mode`` for ``clients`` (default: the round's), per-client
-        ``arrays``; ``expected``: the clients asked over all processes."""
-        clients = self.clients if clients is None else list(clients)
-        modes = self.algorithm.modes
-        self._exchanges += 1
-        ex = Exchange(self.settings(mode, **changes), clients, self.state, dict(arrays or {}),
-                      final=mode == modes[-1], expected=self.expected if expected is None else expected)
-        for name, values in ex.arrays.items():
-            if len(values) != len(clients):
-                raise ValueError(f"{name!r}: {len(values)} arrays for {len(clients)} clients")
-        self._pending["bytes-sent"] += ex.sent_bytes()
-        self._last = ex
-        if ex.final:  # the clients that train in the round: global epochs and the schedule count them
-            self.algorithm.took_part(self.server_round, ex.expected)
-        return ex
-
-    def received(self, nbytes: int) -> None:
-        """Count reply bytes that never reach the method (rejected replies)."""
-        self._pending["bytes-received"] += nbytes
-
-    def reject(self, client: int | str, reason: str) -> None:
-        """A reply of the current exchange that is not used (counted in ``rejected-replies``
-        when the exchange is the round's last), with the reason."""
-        self.rejected.append(Rejection(client, reason, self._last.mode if self._last is not None else None))
-
-    def fail(self, count: int = 1) -> None:
-        """Clients of the current exchange without a usable reply (errors, timeouts)."""
-        mode = self._last.mode if self._last is not None else None
-        self.failed[mode] = self.failed.get(mode, 0) + count
-
-    # --- averaging -----------------------------------------------------------------------
-    def like(self, group: str, sample: Mapping[str, Mapping[str, Tensor]] | None = None) -> dict[str, Tensor]:
-        """The keys, shapes and dtypes of a group's average: from the global model where it is
-        known, else from ``sample`` (one client's groups)."""
-        kind = GROUP_KINDS.get(group, "state")
-        trainable = self.trainable
-        if trainable is None and sample is not None:
-            named = next((sample[g] for g in sample if GROUP_KINDS.get(g) == "trainable"), None)
-            trainable = list(named) if named is not None else None
-        if self.state and (kind == "state" or trainable is not None):
-            if kind == "state":
-                return self.state
-            if kind == "trainable":
-                return {k: self.state[k] for k in trainable}
-            return {k: v for k, v in self.state.items() if k not in set(trainable)}
-        if sample is None or group not in sample:
-            if self.state and kind != "state":
-                return {}  # no result and the trainable parameters unknown: nothing to average
-            raise ValueError(f"no result to take the layout of {group!r} from, and no global model")
-        return {k: v.detach() for k, v in sample[group].items()}
-
-    def mean(self, results: ClientResults, *groups: str, aggregation: str | None = None) -> Mean:
-        """The groups' averages over the sound clients of all processes (ONE all-reduce).
-
-        Also sums, over all processes, the clients given (``Mean.metrics["clients"]``) and the
-        bytes sent and received so far."""
-        self._pending["bytes-received"] += results.nbytes()
-        sample = {g: per_client(a)[0] for g, a in results.arrays.items()} if len(results) else None
-        like = {g: self.like(g, sample) for g in groups}
-        sums = {"clients": float(len(results)), **self._pending}
-        m = mean(results, like, aggregation=aggregation or self.algorithm.hyper.aggregation,
-                 expected=self._expected_for(results), all_reduce=self.all_reduce, sums=sums)
-        for key in self._totals:
-            self._totals[key] += int(round(m.sums[key]))
-        self._pending = {k: 0.0 for k in self._pending}
-        return m
-
-    def _expected_for(self, results: ClientResults) -> int:
-        return self._last.expected if self._last is not None and self._last.expected is not None else len(results)
-
-    def finish(self, state: dict[str, Tensor] | None, last: Mean, metrics: Mapping[str, float | int] | None = None,
-               **extra: float | int) -> RoundReport:
-        """The round's report from its final average ``last`` (``state``: the new global state,
-        None: unchanged): the counts, the bytes, the clients' ``metrics`` (default: the
-        average's) and the method's own metrics ``extra``."""
-        clients = int(round(last.sums.get("clients", last.replies)))
-        final = self._last.mode if self._last is not None else None
-        out: dict[str, float | int] = {
-            "replies": last.replies,
-            "rejected-replies": sum(1 for r in self.rejected if r.mode == final) + (clients - last.replies),
-            "failed-replies": self.failed.get(final, 0),
-            "bytes-sent": self._totals["bytes-sent"],
-            "bytes-received": self._totals["bytes-received"],
-            **(last.metrics if metrics is None else metrics),
-            **extra,
-        }
-        return RoundReport(self.server_round, self.lr, self.clip, state, out, list(self.rejected))
-
-    def unchanged(self, **extra: float | int) -> RoundReport:
-        """A round without a usable average: the global model stays."""
-        final = self._last.mode if self._last is not None else None
-        out = {"replies": 0, "rejected-replies": sum(1 for r in self.rejected if r.mode == final),
-               "failed-replies": self.failed.get(final, 0),
-               "bytes-sent": self._totals["bytes-sent"] + int(self._pending["bytes-sent"]),
-               "bytes-received": self._totals["bytes-received"] + int(self._pending["bytes-received"]), **extra}
-        return RoundReport(self.server_round, self.lr, self.clip, None, out, list(self.rejected))
-
-
-#: the server side of one round: yields exchanges, receives results, returns the report
-Server = Generator[Exchange, ClientResults, RoundReport]
 
 
 class Algorithm(ABC):
@@ -354,8 +159,6 @@ class Algorithm(ABC):
         already) cannot come from an honest client of this exchange, or None."""
         if trainable is None or "arrays" not in arrays or not exchange.state:
             return None
-        from .bound import norm
-
         x0 = norm(exchange.state, trainable)
         limit = self.bound(exchange.settings, x0, max_lr_scale)
         if limit is None or not math.isfinite(limit):
@@ -378,7 +181,3 @@ class Algorithm(ABC):
         """Restore ``state_dict()``; a method without server state accepts only an empty one."""
         if state:
             raise ValueError(f"{self.name} keeps no server state, the checkpoint holds {sorted(state)}")
-
-
-def to_device(state: Mapping[str, Tensor], device: torch.device) -> dict[str, Tensor]:
-    return {k: v.to(device) for k, v in state.items()}

@@ -17,7 +17,6 @@ and their own knobs.
 from __future__ import annotations
 
 import functools
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from logging import INFO, WARNING
 from typing import Any, ClassVar
@@ -30,13 +29,16 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from flwr.supercore import log
 
-from .algorithm import Algorithm, Exchange, Round, RoundReport
+from .algorithm import Algorithm
 from .algorithms import CELGC as CELGCMethod
-from .averaging import NON_FINITE, check_state
+from .averaging import NON_FINITE
+from .reduce import ClientResults
+from .round import Exchange, Round, RoundReport
 from .sampling import Select, sample
 from .schedule import global_epoch, scheduled
+from .screen import Checks, screen
 from .settings import DEFAULTS, OWNED_KEYS, Hyper
-from .wire import Reply, client_results, messages, read_reply
+from .wire import Reply, messages
 
 #: CELGC's own client metrics: a reply with neither comes from a ClientApp that does not run local clipped SGD
 OWN_METRICS = ("num-steps", "clip-fraction")
@@ -330,69 +332,25 @@ class ClippedSGDStrategy(FedAvg):
         return ArrayRecord(report.state), summary
 
     def _results(self, rnd: Round, exchange: Exchange, replies: list[Message], *, sent: int, final: bool = False,
-                 ) -> tuple[Any, list[Reply]]:
-        """Read every reply of ``exchange``: (the sound ones as the method's results, the sound
-        replies); the failed and rejected ones recorded in the round and in ``last_failures``."""
+                 ) -> tuple[ClientResults, list[Reply]]:
+        """The sound replies of ``exchange`` as the method's results (``strategies.screen``), and
+        the replies; failed and rejected ones recorded in the round and in ``last_failures``."""
         ok, failed = self._check_and_log_replies(replies, is_train=True, validate=False)
         label = "" if exchange.final else f"{exchange.mode.value} "
         self.last_failures += [f"node {m.metadata.src_node_id}: {label}{m.error.reason}" for m in failed]
         rnd.fail(len(failed) + max(sent - len(replies), 0))
-        groups = self.algorithm.reply_groups(exchange.mode)
-        settings = exchange.settings if self.verify_examples else None
-        read = [read_reply(m, groups, weighted_by_key=self.weighted_by_key, settings=settings) for m in ok]
-        references = self._references(rnd, read, groups)
-        for r in read:
-            if r.reason is None:
-                r.reason = self._check(rnd, exchange, r, references, groups)
-        sound = [r for r in read if r.reason is None]
-        rejected = [r for r in read if r.reason is not None]
-        for r in rejected:
-            rnd.reject(r.node, r.reason)
-            rnd.received(r.nbytes)
+        checks = Checks(self.weighted_by_key, self.verify_examples, self.bound_keys, self.max_lr_scale)
+        out = screen(rnd, exchange, ok, self.algorithm, checks)
+        for r in out.rejected:
             self.last_failures.append(f"node {r.node}: {label}rejected, {r.reason}")
             log(WARNING, "Round %d: rejected %sreply from node %d: %s", rnd.server_round, label, r.node, r.reason)
         if final:
-            reasons = {r.reason for r in rejected}
-            if rejected and not sound and len(reasons) == 1 and not next(iter(reasons)).endswith(NON_FINITE):
+            reasons = {r.reason for r in out.rejected}
+            if out.rejected and not out.sound and len(reasons) == 1 and not next(iter(reasons)).endswith(NON_FINITE):
                 raise InconsistentMessageReplies(
-                    reason=f"round {rnd.server_round}: all {len(rejected)} replies rejected: {next(iter(reasons))}")
-            self._warn_foreign(sound)
-        return client_results(sound, groups), sound
-
-    def _references(self, rnd: Round, read: list[Reply], groups: Sequence[str]) -> dict[str, dict | None]:
-        """What each group of a reply is checked against: the global model's layout, or without
-        ``configure_train`` the layout most replies share (a method that steps on the global
-        model cannot go on without it)."""
-        decoded = [r for r in read if r.reason is None]
-        out: dict[str, dict | None] = {}
-        for group in groups:
-            if rnd.state:
-                try:
-                    out[group] = rnd.like(group, decoded[0].groups if decoded else None)
-                except ValueError:
-                    out[group] = None
-                continue
-            layouts = Counter(_layout(r.groups[group]) for r in decoded)
-            if self.algorithm.needs_global or not layouts:
-                out[group] = None
-                continue
-            common = layouts.most_common(1)[0][0]
-            out[group] = next(r.groups[group] for r in decoded if _layout(r.groups[group]) == common)
-        return out
-
-    def _check(self, rnd: Round, exchange: Exchange, reply: Reply, references: dict[str, dict | None],
-               groups: Sequence[str]) -> str | None:
-        for group in groups:
-            ref = references[group]
-            if ref is None:
-                return "no global model for this round: configure_train must run first"
-            why = check_state(reply.groups[group], ref)
-            if why is not None:
-                return why if len(groups) == 1 else f"{group}: {why}"
-        if not rnd.state:
-            return None
-        return self.algorithm.check_result(exchange, reply.groups, reply.metrics or {}, self.bound_keys,
-                                           self.max_lr_scale)
+                    reason=f"round {rnd.server_round}: all {len(out.rejected)} replies rejected: {next(iter(reasons))}")
+            self._warn_foreign(out.sound)
+        return out.results, out.sound
 
     def _clients_metrics(self, contents: list[RecordDict]) -> MetricRecord:
         """``train_metrics_aggr_fn`` over the sound replies (FedAvg's default: the weighted mean
@@ -416,10 +374,6 @@ class ClippedSGDStrategy(FedAvg):
             log(WARNING, "Replies from node(s) %s carry none of %s: those ClientApps are not running local clipped "
                 "SGD (they ignore local-steps, lr and clip). Use strategies.clientapp in the ClientApp.",
                 foreign, list(OWN_METRICS))
-
-
-def _layout(state: dict[str, torch.Tensor]) -> tuple:
-    return tuple(sorted((k, tuple(v.shape), str(v.dtype)) for k, v in state.items()))
 
 
 @functools.cache

@@ -14,10 +14,10 @@ import torch
 from flwr.app import Error, Message
 
 from client.app import app as client_app
-from simulations.loopback import LoopbackGrid, run_server_app
 from server.app import app as server_app
-from tasks.runs.results import load_weights
+from simulations.loopback import LoopbackGrid, run_server_app
 from tasks.config import RunConfig
+from tasks.runs.results import load_weights
 
 # Small and fast: a round costs ~10-15 s of Flower process spawning on 2 cores anyway.
 DEPLOY_CONFIG = {"num-clients": 2, "num-rounds": 2, "local-steps": 2, "batch-size": 16, "device": "cpu",

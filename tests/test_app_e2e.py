@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from client.app import app as client_app
-from simulations.loopback import LoopbackGrid, run_server_app
 from server.app import FederationError
 from server.app import app as server_app
-from tasks.runs.results import load_weights, read_results
+from simulations.loopback import LoopbackGrid, run_server_app
 from tasks.config import RunConfig
+from tasks.runs.results import load_weights, read_results
 
 
 def run(tmp_path, name="run", num_nodes=None, num_partitions=None, node_configs=None, **overrides):

@@ -16,8 +16,10 @@ import torch
 
 import tasks.runs.recorder as recorder_module
 from client.app import app as client_app
-from simulations.loopback import LoopbackGrid, run_server_app
 from server.app import app as server_app
+from server.resumed import ResumedStrategy
+from simulations.loopback import LoopbackGrid, run_server_app
+from tasks.config import RunConfig
 from tasks.runs.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -26,9 +28,7 @@ from tasks.runs.checkpoint import (
     save_checkpoint,
 )
 from tasks.runs.results import load_weights, read_results
-from server.resumed import ResumedStrategy
 from tasks.runs.run_folder import claim_run_folder
-from tasks.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,10 +11,10 @@ import torch
 import tasks as local_round
 import tasks.cifar_task as cifar_task
 from simulations.loopback import run_in_process
-from tasks.runs.results import read_results
 from tasks import load_task
 from tasks.cifar import BATCHES_DIR, CIFAR10_MEAN, CIFAR10_STD, TEST_BATCH, TRAIN_BATCHES
 from tasks.config import RunConfig
+from tasks.runs.results import read_results
 
 
 def fake_cifar(root, n=8):

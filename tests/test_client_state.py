@@ -14,13 +14,13 @@ import tasks
 import tasks.language as language
 from client.app import app as client_app
 from client.app import state_key
-from strategies.local_update import RoundSettings
-from simulations.loopback import LoopbackGrid, run_server_app
 from server.app import app as server_app
-from tasks.runs.results import load_weights, read_results
 from simulations.engine import EngineOptions, run_engine
+from simulations.loopback import LoopbackGrid, run_server_app
+from strategies.local_update import RoundSettings
 from tasks import initial_model, load_task
 from tasks.config import RunConfig
+from tasks.runs.results import load_weights, read_results
 
 CPU = torch.device("cpu")
 

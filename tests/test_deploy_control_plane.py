@@ -19,11 +19,11 @@ import sys
 import pytest
 from deploy_support import DEPLOY_CONFIG, assert_same_weights, needs_openssl, netns_list, reference_run, tcp_peers
 
-from tasks.runs.results import read_results
 from simulations.flower.cli import FlowerCliError, flwr_json
 from simulations.flower.deploy import REPO, Deployment
 from simulations.flower.netns import Namespaces
 from simulations.flower.superlink import ExistingSuperLink
+from tasks.runs.results import read_results
 
 REASON = Namespaces.unavailable_reason()
 NGINX = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")

@@ -19,13 +19,13 @@ from deploy_support import DEPLOY_CONFIG, FaultyGrid, assert_same_weights, needs
 
 from client.app import app as client_app
 from client.local_data import export_partition, read_digits
-from simulations.loopback import LoopbackGrid, run_server_app
 from server.app import app as server_app
-from tasks.runs.checkpoint import load_checkpoint
 from server.faults import NotEnoughNodes
-from tasks.runs.results import read_results
 from simulations.flower.deploy import Deployment, Proc, last_record
+from simulations.loopback import LoopbackGrid, run_server_app
 from tasks.config import RunConfig
+from tasks.runs.checkpoint import load_checkpoint
+from tasks.runs.results import read_results
 
 pytestmark = pytest.mark.realproc  # real processes: skip with -m "not realproc"
 

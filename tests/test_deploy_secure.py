@@ -13,8 +13,8 @@ import subprocess
 import pytest
 from deploy_support import DEPLOY_CONFIG, assert_same_weights, needs_openssl, reference_run
 
-from tasks.runs.results import read_results
 from simulations.flower.deploy import DEPLOY, Deployment, free_port
+from tasks.runs.results import read_results
 
 pytestmark = [needs_openssl, pytest.mark.realproc]
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.runs.results import load_weights, read_results
 from simulations.engine import Engine, EngineOptions, run_engine
 from simulations.engine.distributed import World, shard
 from simulations.engine.options import split_engine_keys
 from tasks.config import RunConfig, parse_overrides
+from tasks.runs.results import load_weights, read_results
 
 ROOT = Path(__file__).resolve().parents[1]
 ROW_KEYS = ["kind", "round", "global-epoch", "communication-rounds", "failed-nodes", "lr", "clip", "replies",

@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.runs.results import read_results
 from simulations.engine import EngineOptions, run_engine
 from simulations.loopback import run_in_process
 from strategies.iterate_average import IterateAverage
 from tasks.config import RunConfig
+from tasks.runs.results import read_results
 
 
 def test_trigger_is_the_authors_non_monotone_rule():

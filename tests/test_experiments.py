@@ -11,14 +11,14 @@ from flwr.common.config import parse_config_args
 
 import client.local_round as local_round
 from client.app import app as client_app
-from strategies.local_update import RoundSettings
-from simulations.loopback import LoopbackGrid, run_server_app
 from server.app import app as server_app
 from server.app import initial_model
-from tasks.runs.results import load_weights, read_results
+from simulations.loopback import LoopbackGrid, run_server_app
 from simulations.runner import load_experiment
+from strategies.local_update import RoundSettings
 from tasks import load_task
 from tasks.config import RunConfig
+from tasks.runs.results import load_weights, read_results
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "simulations" / "experiments"
@@ -63,7 +63,8 @@ def test_paper_settings_and_equal_epoch_budgets(folder):
         assert c.task == task and c.batch_size == b and c.lr == lr and c.lr_milestones == milestones
         assert c.num_clients == (1 if name == "single" else n)
         assert c.clip == (math.inf if name.startswith("local-sgd") else clip)
-        assert c.algorithm == {"naive": "naive", "local-sgd": "local-sgd"}.get(name.split("-I")[0], "celgc")
+        assert c.algorithm == {"naive": "naive", "local-sgd": "local-sgd", "single": "single"}.get(name.split("-I")[0],
+                                                                                                   "celgc")
         per_round = c.num_clients * c.local_steps * c.batch_size / TRAIN_SIZE[task]
         assert budget <= epochs(c) < budget + per_round, name  # the same budget, rounded up to a round
         assert 0.5 <= c.eval_every * per_round <= 1.5  # evaluated about once per global epoch

@@ -10,13 +10,14 @@ import torch
 import client.local_round as client_round
 import tasks as local_round
 import tasks.language as language
+from simulations.loopback import run_in_process
 from strategies.clipped_sgd import StepConfig, clipped_sgd_step
 from strategies.local_update import RoundSettings, local_update
-from simulations.loopback import run_in_process
-from tasks.runs.results import read_results
 from tasks import load_task
 from tasks.config import RunConfig
+from tasks.runs.results import read_results
 from tasks.text import text_regions, text_shards
+
 
 @pytest.fixture
 def tiny_ptb(tiny_lm):

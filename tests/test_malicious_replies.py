@@ -12,10 +12,10 @@ from deploy_support import DEPLOY_CONFIG, FaultyGrid, assert_same_weights
 from flwr.app import ArrayRecord, MetricRecord
 
 from client.app import app as client_app
-from simulations.loopback import run_server_app
 from server.app import app as server_app
-from tasks.runs.results import read_results
+from simulations.loopback import run_server_app
 from tasks.config import RunConfig
+from tasks.runs.results import read_results
 
 CONFIG = {**DEPLOY_CONFIG, "num-clients": 3, "num-rounds": 2, "node-wait": 2.0, "min-replies": 2}
 BAD_PARTITION, BAD_ROUND = 1, 2

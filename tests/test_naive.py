@@ -12,15 +12,15 @@ import client.local_round as client_round
 import tasks as local_round
 import tasks.digits
 from client.app import app as client_app
-from strategies.local_update import RoundSettings
-from simulations.loopback import LoopbackGrid, run_server_app
 from server.app import app as server_app
 from server.app import build_strategy, initial_model
-from tasks.runs.results import load_weights, read_results
+from simulations.loopback import LoopbackGrid, run_server_app
 from strategies import NaiveParallelClip
 from strategies.clipped_sgd import StepConfig, clipped_sgd_step
+from strategies.local_update import RoundSettings
 from tasks import load_task
 from tasks.config import RunConfig
+from tasks.runs.results import load_weights, read_results
 from tasks.sampling import round_batches
 
 

@@ -9,7 +9,6 @@ import torch
 from torch.utils.data import TensorDataset
 
 import tasks
-from tasks.runs.results import read_results
 from simulations.engine import run_engine
 from simulations.summary import Run
 from tasks import load_task
@@ -17,6 +16,7 @@ from tasks.classification import ClassificationTask
 from tasks.config import RunConfig, task_label
 from tasks.custom import dataset_task, tensor_task
 from tasks.digits import DigitsCNN, digits_task
+from tasks.runs.results import read_results
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples.own_task.tabular:make_task"

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import tasks
-from tasks.runs.results import load_weights, read_results
 from simulations.engine import EngineOptions, run_engine
 from simulations.loopback import run_in_process
 from simulations.runner import load_experiment, run_experiment
 from tasks.config import RunConfig
+from tasks.runs.results import load_weights, read_results
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples.own_task.tabular:make_task"

@@ -12,14 +12,14 @@ pytest.importorskip("flwr")
 from flwr.app import MessageType  # noqa: E402
 
 from client.app import app as client_app  # noqa: E402
-from simulations.loopback import LoopbackGrid, run_server_app  # noqa: E402
 from server.app import app as server_app  # noqa: E402
 from server.faults import WatchedGrid  # noqa: E402
-from tasks.runs.results import load_weights, read_results  # noqa: E402
 from simulations.engine import EngineOptions, run_engine  # noqa: E402
+from simulations.loopback import LoopbackGrid, run_server_app  # noqa: E402
 from strategies.celgc import CELGC  # noqa: E402
 from strategies.participation import participants  # noqa: E402
 from tasks.config import RunConfig  # noqa: E402
+from tasks.runs.results import load_weights, read_results  # noqa: E402
 
 M, K, ROUNDS = 6, 2, 3
 

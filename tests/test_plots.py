@@ -4,7 +4,6 @@ import sys
 
 import pytest
 
-from tasks.runs.results import ResultsWriter
 from simulations import plots
 from simulations.summary import (
     common_target,
@@ -14,6 +13,7 @@ from simulations.summary import (
     rounds_to_target,
     summarize,
 )
+from tasks.runs.results import ResultsWriter
 
 pytest.importorskip("matplotlib")
 

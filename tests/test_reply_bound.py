@@ -9,11 +9,11 @@ import pytest
 
 import strategies.algorithm as algorithm
 from client.app import app as client_app
-from simulations.loopback import LoopbackGrid, run_server_app
 from server.app import app as server_app
-from tasks.runs.results import read_results
+from simulations.loopback import LoopbackGrid, run_server_app
 from strategies import bound
 from tasks.config import RunConfig
+from tasks.runs.results import read_results
 
 SMALL = {"num-clients": 3, "num-rounds": 3, "node-wait": 2.0, "device": "cpu"}
 CASES = {

@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from client.app import app as client_app
-from simulations.loopback import LoopbackGrid, run_server_app
 from server.app import app as server_app
+from simulations.engine import run as engine_run
+from simulations.engine.run import run_engine
+from simulations.loopback import LoopbackGrid, run_server_app
+from tasks.config import RunConfig
 from tasks.runs.checkpoint import CheckpointError, load_checkpoint
 from tasks.runs.results import load_weights, read_results
 from tasks.runs.run_folder import LOCK, RunFolderError, claim_run_folder
-from simulations.engine import run as engine_run
-from simulations.engine.run import run_engine
-from tasks.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = {"num-rounds": 3, "local-steps": 2, "num-clients": 3, "node-wait": 2.0, "batch-size": 16}

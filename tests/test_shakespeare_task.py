@@ -12,9 +12,8 @@ import torch
 
 import tasks as tasks_pkg
 import tasks.shakespeare as shk
-from simulations.loopback import run_in_process
-from tasks.runs.results import load_weights, read_results
 from simulations.engine import EngineOptions, run_engine
+from simulations.loopback import run_in_process
 from tasks import load_task
 from tasks.config import RunConfig
 from tasks.plays import (
@@ -29,6 +28,7 @@ from tasks.plays import (
     split,
 )
 from tasks.protocol import check_task
+from tasks.runs.results import load_weights, read_results
 
 TINY = {"embed": 4, "hidden": 8, "layers": 2}
 

@@ -7,7 +7,6 @@ import torch
 from torch import nn
 
 from strategies.clipped_sgd import StepConfig, clipped_sgd_step
-
 from strategies.local_update import local_update
 
 

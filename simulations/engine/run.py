@@ -26,10 +26,11 @@ the model cannot be vmapped (``nn.LSTM``, random layers, a model class with ``en
 False``) or the method's step cannot (``Algorithm.vectorises``). On the CPU ``auto`` runs
 one client after another: measured (benchmarks/engine_speed.py) faster there than vmap's
 batched kernels, and bit-identical to the ClientApp. Results folders, ``resume`` and
-``checkpoint-every`` behave as in the ServerApp (``tasks.runs``, one checkpoint format): a folder that holds a run is refused unless resumed, and a resumed
-run ends bit-identical to an uninterrupted one. Every process reads the checkpoint on
-resume, so the results folder must be visible to all of them (one machine, or a shared
-file system).
+``checkpoint-every`` behave as in the ServerApp (``tasks.runs``, one checkpoint format): a
+folder that holds a run is refused unless resumed, and a resumed run ends bit-identical to
+an uninterrupted one (a method whose clients keep state of their own, SCAFFOLD, starts it
+again at zero, as a resumed Flower run does). Every process reads the checkpoint on resume,
+so the results folder must be visible to all of them (one machine, or a shared file system).
 """
 
 from __future__ import annotations
@@ -48,10 +49,10 @@ from torch import Tensor
 
 from strategies.algorithm import Algorithm, Exchange, RoundReport
 from strategies.algorithms import build
+from strategies.averaging import state_nbytes
 from strategies.executors import ClientGroup, SequentialClients, VmapClients
 from strategies.participation import participants
 from strategies.reduce import ClientResults
-from strategies.averaging import state_nbytes
 from tasks import cached_task, initial_model, partitions
 from tasks.config import RunConfig, parse_overrides
 from tasks.device import pick_device

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from strategies.iterate_average import IterateAverage
+
 from ..config import RunConfig
 
 #: The loss that drives the trigger: the validation loss, or the test loss for tasks without

@@ -1,0 +1,105 @@
+"""The server's checks of one exchange's replies, before the method sees any (flwr Messages in).
+
+Every reply is read field by field (``strategies.wire.read_reply``: one MetricRecord, its
+weight, ranged metrics, the array groups the exchange's method expects) and then checked
+against what an honest client of this exchange can send: each group's keys, shapes and
+dtypes against the global model's (or, without one, against the layout most replies share),
+every floating-point value finite, and the method's own ``check_result`` -- its bound on how
+far an honest client moves (``Algorithm.bound``), naive's lr scale. A reply that fails is
+recorded in the round as rejected with its reason (``Round.reject``; its bytes counted),
+never averaged and never a crash; the sound ones go to the method as ``ClientResults``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from flwr.app import Message
+
+from .algorithm import Algorithm
+from .averaging import check_state
+from .reduce import ClientResults
+from .round import Exchange, Round
+from .wire import Reply, client_results, read_reply
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What the server checks in a reply beyond its structure."""
+
+    weighted_by_key: str = "num-examples"
+    verify_examples: bool = False  # num-examples = the exchange's steps x batch size
+    trainable: Sequence[str] | None = None  # the trainable parameters (the bound's and gradients' keys)
+    max_lr_scale: float = 1.0  # the largest lr scale an honest client's batches carry
+
+
+@dataclass
+class Screened:
+    """One exchange's replies after the checks: the sound ones as the method's results."""
+
+    results: ClientResults
+    sound: list[Reply]
+    rejected: list[Reply]
+
+
+def screen(rnd: Round, exchange: Exchange, replies: Sequence[Message], algorithm: Algorithm, checks: Checks
+           ) -> Screened:
+    """Read and check the (non-error) ``replies`` of ``exchange``; rejections recorded in ``rnd``."""
+    groups = algorithm.reply_groups(exchange.mode)
+    settings = exchange.settings if checks.verify_examples else None
+    read = [read_reply(m, groups, weighted_by_key=checks.weighted_by_key, settings=settings) for m in replies]
+    refs = references(rnd, read, groups, needs_global=algorithm.needs_global)
+    for r in read:
+        if r.reason is None:
+            r.reason = check(rnd, exchange, r, refs, groups, algorithm, checks)
+    sound = [r for r in read if r.reason is None]
+    rejected = [r for r in read if r.reason is not None]
+    for r in rejected:
+        rnd.reject(r.node, r.reason)
+        rnd.received(r.nbytes)
+    return Screened(client_results(sound, groups), sound, rejected)
+
+
+def references(rnd: Round, read: Sequence[Reply], groups: Sequence[str], *, needs_global: bool
+               ) -> dict[str, dict | None]:
+    """What each group of a reply is checked against: the global model's layout, or without
+    one the layout most replies share (None: nothing to check against -- a method that steps
+    on the global model cannot go on without it)."""
+    decoded = [r for r in read if r.reason is None]
+    out: dict[str, dict | None] = {}
+    for group in groups:
+        if rnd.state:
+            try:
+                out[group] = rnd.like(group, decoded[0].groups if decoded else None)
+            except ValueError:
+                out[group] = None
+            continue
+        layouts = Counter(_layout(r.groups[group]) for r in decoded)
+        if needs_global or not layouts:
+            out[group] = None
+            continue
+        common = layouts.most_common(1)[0][0]
+        out[group] = next(r.groups[group] for r in decoded if _layout(r.groups[group]) == common)
+    return out
+
+
+def check(rnd: Round, exchange: Exchange, reply: Reply, refs: dict[str, dict | None], groups: Sequence[str],
+          algorithm: Algorithm, checks: Checks) -> str | None:
+    """Why one decoded reply cannot come from an honest client of ``exchange``, or None."""
+    for group in groups:
+        ref = refs[group]
+        if ref is None:
+            return "no global model for this round: configure_train must run first"
+        why = check_state(reply.groups[group], ref)
+        if why is not None:
+            return why if len(groups) == 1 else f"{group}: {why}"
+    if not rnd.state:
+        return None
+    return algorithm.check_result(exchange, reply.groups, reply.metrics or {}, checks.trainable, checks.max_lr_scale)
+
+
+def _layout(state: dict[str, torch.Tensor]) -> tuple:
+    return tuple(sorted((k, tuple(v.shape), str(v.dtype)) for k, v in state.items()))
