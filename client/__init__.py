@@ -1,2 +1,3 @@
-"""Client side: the ClientApp (``client.app``) and its pure math (``client.update``,
-``tasks.sampling``), which import no flwr."""
+"""Client side: the ClientApp (``client.app``), one client's part of an exchange without Flower
+(``client.local_round``: the method's client side on the executor the engine uses) and a
+SuperNode's own data (``client.local_data``)."""

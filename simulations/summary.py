@@ -1,6 +1,6 @@
 """Reading results folders: one run's curves, its label, rounds to a target, a summary table.
 
-A run folder holds ``results.jsonl`` (written by the ServerApp, ``server.results``): a
+A run folder holds ``results.jsonl`` (written by the ServerApp or the engine, ``tasks.runs.results``): a
 header line with the whole config and the versions, then one row per round (round 0 is the
 initial model). Used by the runner, the plots and the demo; pure Python (rich only to print).
 """
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from strategies.algorithms import METHODS
 from tasks.config import task_label
 from tasks.runs.results import read_results
 
@@ -94,18 +95,11 @@ def method_label(config: dict[str, Any]) -> str:
     'single machine'."""
     alg = config.get("algorithm", "celgc")
     steps = config.get("local-steps", "?")
-    if alg == "naive":
-        return "naive parallel clipping"
-    if alg == "scaffold":
-        return f"SCAFFOLD I={steps}"
-    if alg == "single" or int(config.get("num-clients", 0) or 0) == 1:
-        clip = "" if config.get("clip") != "off" else " (no clipping)"
-        return f"single machine{clip}"
-    if alg == "local-sgd" or config.get("clip") == "off":
-        return f"local SGD I={steps} (no clipping)"
-    if alg == "episode":
-        return f"EPISODE I={steps}"
-    return f"CELGC I={steps}"
+    if alg == "celgc" and int(config.get("num-clients", 0) or 0) == 1:  # results written before 'single'
+        return "single machine" + (" (no clipping)" if config.get("clip") == "off" else "")
+    if alg == "celgc" and config.get("clip") == "off":
+        alg = "local-sgd"
+    return METHODS[alg].label(steps) if alg in METHODS else f"{alg} I={steps}"
 
 
 def split_label(config: dict[str, Any]) -> str:

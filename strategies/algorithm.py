@@ -58,6 +58,8 @@ class Algorithm(ABC):
     keeps_client_memory: ClassVar[bool] = False
     #: its replies mean nothing without the round's global model (it steps on it)
     needs_global: ClassVar[bool] = True
+    #: its own groups of arrays in replies -> what they hold ("state", "trainable" or "buffers")
+    groups: ClassVar[dict[str, str]] = {}
 
     def __init__(self, hyper: Hyper, *, train_size: int | None = None, population: int | None = None,
                  per_round: int | None = None) -> None:
@@ -96,6 +98,11 @@ class Algorithm(ABC):
     def summary(self) -> list[str]:
         """Lines describing the method's round (logged by the backends)."""
         return [f"{self.name}: {self.paper}" if self.paper else self.name]
+
+    @classmethod
+    def label(cls, local_steps: int | str) -> str:
+        """The method's name in tables and figures."""
+        return f"{cls.__name__} I={local_steps}"
 
     # --- the schedule (one place: every backend) ----------------------------------------
     def took_part(self, server_round: int, clients: int) -> None:

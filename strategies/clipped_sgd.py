@@ -41,7 +41,7 @@ class StepConfig:
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
         if not self.clip > 0:  # also rejects NaN
-            raise ValueError(f"clip must be > 0 (or inf for no clipping), got {self.clip}")
+            raise ValueError(f"clip must be > 0, or \"off\" to disable clipping, got {self.clip}")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ValueError(f"weight-decay must be >= 0, got {self.weight_decay}")
         if not (0 <= self.momentum < 1):

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 __all__ = ["Exchange", "Rejection", "Round", "RoundReport", "Server"]
 
 #: what a group of a reply holds: the whole state, the trainable parameters' shapes, or the rest
-GROUP_KINDS = {"arrays": "state", "grads": "trainable", "control": "trainable", "buffers": "buffers"}
+#: (a method adds its own groups: ``Algorithm.groups``)
+GROUP_KINDS = {"arrays": "state", "grads": "trainable", "buffers": "buffers"}
 
 
 @dataclass
@@ -152,10 +153,11 @@ class Round:
     def like(self, group: str, sample: Mapping[str, Mapping[str, Tensor]] | None = None) -> dict[str, Tensor]:
         """The keys, shapes and dtypes of a group's average: from the global model where it is
         known, else from ``sample`` (one client's groups)."""
-        kind = GROUP_KINDS.get(group, "state")
+        kinds = {**GROUP_KINDS, **self.algorithm.groups}
+        kind = kinds.get(group, "state")
         trainable = self.trainable
         if trainable is None and sample is not None:
-            named = next((sample[g] for g in sample if GROUP_KINDS.get(g) == "trainable"), None)
+            named = next((sample[g] for g in sample if kinds.get(g) == "trainable"), None)
             trainable = list(named) if named is not None else None
         if self.state and (kind == "state" or trainable is not None):
             if kind == "state":

@@ -85,14 +85,14 @@ class Hyper:
             out.append(f"local-steps must be an integer >= 1, got {self.local_steps!r}")
         if not (_is_int(self.batch_size) and self.batch_size >= 1):
             out.append(f"batch-size must be an integer >= 1, got {self.batch_size!r}")
-        if not (_is_real(self.lr) and math.isfinite(self.lr) and self.lr > 0):
-            out.append(f"lr must be a finite number > 0, got {self.lr!r}")
-        if not (_is_real(self.clip) and self.clip > 0):
-            out.append(f"clip must be > 0, or \"off\" to disable clipping, got {self.clip}")
-        if not (_is_real(self.weight_decay) and math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            out.append(f"weight-decay must be >= 0, got {self.weight_decay!r}")
-        if not (_is_real(self.momentum) and 0 <= self.momentum < 1):
-            out.append(f"momentum must be in [0, 1), got {self.momentum!r}")
+        for name in ("lr", "clip", "weight_decay", "momentum"):
+            if not _is_real(getattr(self, name)):
+                out.append(f"{name.replace('_', '-')} must be a number, got {getattr(self, name)!r}")
+        if not out:
+            try:  # the step's own checks: lr, clip, weight decay, momentum (strategies.clipped_sgd)
+                StepConfig(lr=self.lr, clip=self.clip, weight_decay=self.weight_decay, momentum=self.momentum)
+            except ValueError as exc:
+                out.append(str(exc))
         if not (_is_real(self.lr_decay) and 0 < self.lr_decay <= 1):
             out.append(f"lr-decay must be in (0, 1], got {self.lr_decay!r}")
         milestones = list(self.lr_milestones)

@@ -127,21 +127,20 @@ def client_results(replies: Sequence[Reply], groups: Sequence[str]) -> ClientRes
 
 
 # --- the client side ------------------------------------------------------------------------
-#: ArrayRecords a train Message may carry beside the global model: the exchange's per-client arrays
-PER_CLIENT_RECORDS = ("correction", "control")
-
-
 def exchange_of(msg: Message, settings: RoundSettings) -> Exchange:
-    """A train Message as the exchange of its one client: the global model (its one
-    ArrayRecord that is not a per-client record), the ``settings`` and the per-client arrays."""
+    """A train Message as the exchange of its one client: the global model (its one ArrayRecord,
+    or the one named ``arrays`` beside the exchange's per-client records, e.g. ``correction``),
+    the ``settings`` and the per-client arrays."""
     records = msg.content.array_records
-    model = [name for name in records if name not in PER_CLIENT_RECORDS]
-    if len(model) != 1:
-        raise ValueError(f"a train message carries the global model in one ArrayRecord (besides "
-                         f"{', '.join(PER_CLIENT_RECORDS)}), got {sorted(records)}")
-    state = records[model[0]].to_torch_state_dict()
-    extra = {name: [records[name].to_torch_state_dict()] for name in records if name in PER_CLIENT_RECORDS}
-    return Exchange(settings, [0], state, extra)
+    if len(records) == 1:
+        model = next(iter(records))
+    elif "arrays" in records:
+        model = "arrays"
+    else:
+        raise ValueError(f"a train message with several ArrayRecords carries the global model as 'arrays', got "
+                         f"{sorted(records)}")
+    extra = {name: [record.to_torch_state_dict()] for name, record in records.items() if name != model}
+    return Exchange(settings, [0], records[model].to_torch_state_dict(), extra)
 
 
 def reply_of(msg: Message, results: ClientResults, extra: Mapping[str, float | int] | None = None,

@@ -4,7 +4,8 @@
 ``"package.module:factory"`` (``tasks.custom``); what a task provides, and how to bring your
 own, is documented once, in ``tasks.protocol``. Below the apps: the validated run configuration
 (``tasks.config``), partitioners (``tasks.partition``), minibatch sampling
-(``tasks.sampling``), device choice (``tasks.device``).
+(``tasks.sampling``), device choice (``tasks.device``), and the run records the ServerApp and
+the engine share (``tasks.runs``: results rows, checkpoints, run folders, evaluation).
 """
 
 from __future__ import annotations

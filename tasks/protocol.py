@@ -1,7 +1,8 @@
 """What a task is: the one protocol every backend (ClientApp, ServerApp, engine) relies on.
 
 A task couples a data set with a model. The ``task`` config key names one: a built-in
-(``digits``, ``cifar10``, ``ptb``, ``wikitext2``) or your own, ``"package.module:factory"``.
+(``digits``, ``cifar10``, ``ptb``, ``wikitext2``, ``shakespeare``) or your own,
+``"package.module:factory"``.
 
 Your own task (README "Bring your own task"; ``examples/own_task/`` is a complete one)
 ----------------------------------------------------------------------------------------

@@ -21,5 +21,9 @@ class LocalSGD(CELGC):
     def problems(cls, hyper: Hyper) -> list[str]:
         return [] if not hyper.clipping else [f"clip must be \"off\" for algorithm 'local-sgd', got {hyper.clip}"]
 
+    @classmethod
+    def label(cls, local_steps: int | str) -> str:
+        return f"local SGD I={local_steps} (no clipping)"
+
     def summary(self) -> list[str]:
         return [f"local SGD: I = {self.hyper.local_steps} unclipped local steps a round, parameters averaged"]

@@ -94,6 +94,10 @@ class NaiveParallelClip(Algorithm):
         if self.momentum is not None:
             self.momentum = {k: v.to(device) for k, v in self.momentum.items()}
 
+    @classmethod
+    def label(cls, local_steps: int | str) -> str:
+        return "naive parallel clipping"
+
     def summary(self) -> list[str]:
         return ["naive parallel clipping: one step a round, clients send gradients, the server clips their average"
                 + (" (its momentum kept by the server)" if self.hyper.momentum > 0 else "")]

@@ -52,6 +52,7 @@ class SCAFFOLD(Algorithm):
     paper = "Karimireddy et al., ICML 2020, https://arxiv.org/abs/1910.06378"
     modes = (Mode.SCAFFOLD,)
     keeps_client_memory = True
+    groups = {"control": "trainable"}  # dc_i, shaped as the trainable parameters
 
     def __init__(self, hyper: Hyper, **kw: Any) -> None:
         super().__init__(hyper, **kw)

@@ -28,5 +28,9 @@ class SingleMachine(CELGC):
             out.append(f"clients-per-round must be 0 for algorithm 'single', got {cfg.clients_per_round}")
         return out
 
+    @classmethod
+    def label(cls, local_steps: int | str) -> str:
+        return "single machine"
+
     def summary(self) -> list[str]:
         return [f"single-machine clipped SGD: one client, a round groups I = {self.hyper.local_steps} steps"]
