@@ -13,16 +13,27 @@ from __future__ import annotations
 
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from torch import Tensor
 
 from .averaging import state_nbytes
 from .reduce import AllReduce, ClientResults, Mean, mean, per_client
-from .settings import Mode, RoundSettings
+from .settings import Hyper, Mode, RoundSettings
 
-if TYPE_CHECKING:
-    from .algorithm import Algorithm
+
+class Method(Protocol):
+    """What a round needs of its method (``strategies.algorithm.Algorithm`` is one)."""
+
+    modes: tuple[Mode, ...]
+    groups: dict[str, str]
+    hyper: Hyper
+
+    def round_hparams(self, server_round: int) -> tuple[float, float]: ...
+
+    def round_settings(self, server_round: int, mode: Mode, lr: float, clip: float) -> RoundSettings: ...
+
+    def took_part(self, server_round: int, clients: int) -> None: ...
 
 __all__ = ["Exchange", "Rejection", "Round", "RoundReport", "Server"]
 
@@ -94,7 +105,7 @@ class Round:
     (None: one process); ``trainable``: the names of the trainable parameters (None: taken
     from the replies)."""
 
-    def __init__(self, algorithm: Algorithm, server_round: int, state: Mapping[str, Tensor], clients: Sequence[int],
+    def __init__(self, algorithm: Method, server_round: int, state: Mapping[str, Tensor], clients: Sequence[int],
                  *, expected: int | None = None, all_reduce: AllReduce | None = None,
                  trainable: Sequence[str] | None = None) -> None:
         self.algorithm = algorithm
