@@ -326,8 +326,7 @@ class ClippedSGDStrategy(FedAvg):
                 summary[key] = value
         self.last_round_metrics = summary
         if report.state is None:
-            if contents or report.replies == 0:
-                log(WARNING, "Round %d: no sound replies, the global model is unchanged", report.server_round)
+            log(WARNING, "Round %d: no sound replies, the global model is unchanged", report.server_round)
             return None, summary
         return ArrayRecord(report.state), summary
 

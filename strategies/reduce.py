@@ -102,14 +102,6 @@ class ClientResults:
             out[name] = float(v[position])
         return out
 
-    def select(self, keep: Sequence[int]) -> ClientResults:
-        """The results of the clients at positions ``keep``."""
-        idx = torch.tensor(list(keep), dtype=torch.long, device=self.table.device)
-        arrays = {name: ({k: v[idx.to(v.device)] for k, v in a.items()} if is_stacked(a) else [a[i] for i in keep])
-                  for name, a in self.arrays.items()}
-        return ClientResults([self.ids[i] for i in keep], arrays, self.table[idx], self.weights[idx],
-                             {k: v[idx.to(v.device)] for k, v in self.scalars.items()})
-
 
 @dataclass
 class Mean:

@@ -59,11 +59,6 @@ class Exchange:
     def mode(self) -> Mode:
         return self.settings.mode
 
-    def for_clients(self, positions: Sequence[int]) -> Exchange:
-        """The same exchange for the clients at ``positions`` (one client of a ClientApp)."""
-        return Exchange(self.settings, [self.clients[i] for i in positions], self.state,
-                        {k: [v[i] for i in positions] for k, v in self.arrays.items()}, self.final, self.expected)
-
     def sent_bytes(self) -> int:
         """What this exchange's messages carry: the model once per client plus its arrays."""
         model = state_nbytes(self.state)

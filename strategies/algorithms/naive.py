@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from ..algorithm import Algorithm, Exchange, Round, Server
@@ -89,10 +88,6 @@ class NaiveParallelClip(Algorithm):
             raise ValueError(f"naive keeps only its momentum buffer, the checkpoint holds {unknown}")
         momentum = {k.removeprefix(PREFIX): v for k, v in state.items()}
         self.momentum = momentum or None
-
-    def to(self, device: torch.device) -> None:
-        if self.momentum is not None:
-            self.momentum = {k: v.to(device) for k, v in self.momentum.items()}
 
     @classmethod
     def label(cls, local_steps: int | str) -> str:

@@ -33,7 +33,9 @@ _RANDOM_TAG = 0xE9
 
 
 class ClientGroup:
-    """``executor``'s clients ``ids`` (partition ids), at one exchange of ``server_round``."""
+    """``executor``'s clients ``ids`` (partition ids) in one exchange; ``seed``: the run's seed
+    (the training stream; a method may draw from another, e.g. EPISODE's resample); ``base``:
+    the run's hyper-parameters (a CUDA graph is captured once, at the run's base values)."""
 
     def __init__(self, executor: Any, ids: list[int], draw: Draw, *, seed: int,
                  task_states: list[dict[str, Tensor] | None] | None = None,
@@ -46,8 +48,7 @@ class ClientGroup:
         self.seed = seed
         self.task_states = task_states if task_states is not None else [None] * len(ids)
         self.memory = memory if memory is not None else [{} for _ in ids]
-        self.base = base  # the run's hyper-parameters (a CUDA graph is captured once, at the run's base values)
-        self.start: Mapping[str, Tensor] = {}
+        self.base = base
 
     @property
     def n(self) -> int:
@@ -63,7 +64,6 @@ class ClientGroup:
 
     def load(self, state: Mapping[str, Tensor]) -> None:
         """Every client starts the exchange from ``state`` (the global model)."""
-        self.start = state
         self.executor.load(state)
 
     # --- the client primitives -----------------------------------------------------------
