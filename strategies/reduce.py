@@ -124,40 +124,6 @@ def factors(results: ClientResults, aggregation: str, expected: int) -> Tensor:
     return results.weights.to(torch.float64)
 
 
-def _finite(arrays: ClientArrays, keys: Sequence[str], n: int, device: torch.device) -> Tensor:
-    """[n] True where every floating-point tensor of the client is finite."""
-    if n == 0:
-        return torch.ones(0, dtype=torch.bool, device=device)
-    if is_stacked(arrays):
-        checks = [torch.isfinite(arrays[k].reshape(n, -1)).all(1) for k in keys if arrays[k].is_floating_point()]
-        out = torch.stack(checks).all(0) if checks else torch.ones(n, dtype=torch.bool, device=device)
-        return out.to(device)
-    rows = []
-    for state in arrays:
-        flags = [torch.isfinite(state[k]).all() for k in keys if state[k].is_floating_point()]
-        rows.append(torch.stack(flags).all().to(device) if flags else torch.ones((), dtype=torch.bool, device=device))
-    return torch.stack(rows)
-
-
-def _stacked_sum(stacked: Mapping[str, Tensor], keys: Sequence[str], w: Tensor, ok: Tensor) -> Tensor:
-    """sum_i w_i x_i over the rows of the clients' flattened tensors: one matmul (few kernels)."""
-    n = w.shape[0]
-    matrix = torch.cat([stacked[k].detach().reshape(n, -1).to(torch.float64) for k in keys], 1)
-    return w @ torch.where(ok[:, None], matrix, torch.zeros_like(matrix))
-
-
-def _streamed_sum(states: Sequence[Mapping[str, Tensor]], like: Mapping[str, Tensor], w: Tensor, ok: Tensor,
-                  device: torch.device) -> Tensor:
-    """sum_i w_i x_i client by client into one float64 vector: no [n, P] copy (large models)."""
-    out = torch.zeros(sum(v.numel() for v in like.values()), dtype=torch.float64, device=device)
-    views = unflatten(out, like)
-    for state, weight, sound in zip(states, w.tolist(), ok.tolist(), strict=True):
-        if sound:  # a rejected client is skipped, not multiplied by 0 (0 * nan = nan)
-            for key, view in views.items():
-                view.add_(state[key].detach().to(device), alpha=weight)
-    return out
-
-
 def unflatten(vector: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Split a flat vector back into tensors shaped as ``like`` (still float64)."""
     out, offset = {}, 0
@@ -169,16 +135,47 @@ def unflatten(vector: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def _group_sum(arrays: ClientArrays, like: Mapping[str, Tensor], w: Tensor, ok: Tensor, device: torch.device) -> Tensor:
-    keys = list(like)
-    n = w.shape[0]
-    if n == 0 or not keys:
-        return torch.zeros(sum(v.numel() for v in like.values()), dtype=torch.float64, device=device)
-    if not is_stacked(arrays) and n * sum(v.numel() for v in like.values()) <= STACK_LIMIT:
-        arrays = {k: torch.stack([s[k].detach().to(device) for s in arrays]) for k in keys}  # small: one matmul
-    if is_stacked(arrays):
-        return _stacked_sum({k: arrays[k].to(device) for k in keys}, keys, w, ok)
-    return _streamed_sum(arrays, like, w, ok, device)
+class _Group:
+    """One group's tensors of this process's clients, ready to sum: as one float64 matrix
+    [n, P] (stacked clients, or small ones: one matmul, few kernels) or client by client
+    (large models: no n-fold float64 copy)."""
+
+    def __init__(self, arrays: ClientArrays, like: Mapping[str, Tensor], n: int, device: torch.device) -> None:
+        self.like, self.n, self.device = like, n, device
+        self.size = sum(v.numel() for v in like.values())
+        self.matrix: Tensor | None = None
+        self.states: Sequence[Mapping[str, Tensor]] | None = None
+        if n == 0 or not like:
+            return
+        keys = list(like)
+        if not is_stacked(arrays) and n * self.size <= STACK_LIMIT:
+            arrays = {k: torch.stack([s[k].detach().to(device) for s in arrays]) for k in keys}
+        if is_stacked(arrays):
+            self.matrix = torch.cat([arrays[k].detach().to(device).reshape(n, -1).to(torch.float64) for k in keys], 1)
+        else:
+            self.states = arrays
+
+    def finite(self) -> Tensor:
+        """[n] True where every value of the client is finite."""
+        if self.matrix is not None:
+            return torch.isfinite(self.matrix).all(1)
+        if self.states is not None:
+            return torch.stack([torch.stack([torch.isfinite(s[k]).all() for k in self.like]).all().to(self.device)
+                                for s in self.states])
+        return torch.ones(self.n, dtype=torch.bool, device=self.device)
+
+    def weighted_sum(self, w: Tensor, ok: Tensor) -> Tensor:
+        """sum_i w_i x_i over the sound clients ``ok``, one float64 vector."""
+        if self.matrix is not None:
+            return w @ torch.where(ok[:, None], self.matrix, torch.zeros_like(self.matrix))
+        out = torch.zeros(self.size, dtype=torch.float64, device=self.device)
+        if self.states is not None:
+            views = unflatten(out, self.like)
+            for state, weight, sound in zip(self.states, w.tolist(), ok.tolist(), strict=True):
+                if sound:  # a rejected client is skipped, not multiplied by 0 (0 * nan = nan)
+                    for key, view in views.items():
+                        view.add_(state[key].detach().to(self.device), alpha=weight)
+        return out
 
 
 def mean(results: ClientResults, like: Mapping[str, Mapping[str, Tensor]], *, aggregation: str, expected: int,
@@ -193,12 +190,13 @@ def mean(results: ClientResults, like: Mapping[str, Mapping[str, Tensor]], *, ag
     sums = dict(sums or {})
     device = results.table.device
     n = len(results)
+    groups = [_Group(results.arrays[name], ref, n, device) for name, ref in like.items()]
     ok = torch.ones(n, dtype=torch.bool, device=device)
     if reject_nonfinite:
-        for name, ref in like.items():
-            ok &= _finite(results.arrays[name], list(ref), n, device)
+        for group in groups:
+            ok &= group.finite()
     w = torch.where(ok, factors(results, aggregation, expected), torch.zeros(n, dtype=torch.float64, device=device))
-    parts = [_group_sum(results.arrays[name], ref, w, ok, device) for name, ref in like.items()]
+    parts = [group.weighted_sum(w, ok) for group in groups]
     scalars = sorted(results.scalars)
     scalar_sums = [torch.where(ok, results.scalars[k].to(device, torch.float64), 0.0).sum() for k in scalars]
     counters = [torch.tensor(float(v), dtype=torch.float64, device=device) for v in sums.values()]
