@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from flwr.app import Error, Message
+from flwr.app import ArrayRecord, Error, Message
 from torch import nn
 
 import client.local_round
@@ -141,6 +141,28 @@ def test_a_client_whose_resample_failed_is_left_out(tmp_path, mlp_digits):
     second = [m for m in grid.sent if m.metadata.message_type == "train" and CORRECTION_KEY in m.content]
     assert sorted(m.metadata.dst_node_id for m in second) == [1000, 1002]
     assert rows[1]["replies"] == 2 and rows[1]["resample-failures"] == 1
+
+
+def test_an_unsound_resample_is_rejected_and_named_in_the_rows(tmp_path, mlp_digits):
+    """A resampled gradient holding NaN: rejected before G_r (the client is left out of the round),
+    its reason kept in the round's row beside the second exchange's, and the run goes on."""
+    def lying(msg, context):
+        reply = client_app(msg, context)
+        if msg.metadata.message_type == "train" and msg.content["config"].get("mode") == RESAMPLE_MODE \
+                and context.node_config["partition-id"] == 1:
+            grads = reply.content["grads"].to_torch_state_dict()
+            grads[next(iter(grads))].fill_(float("nan"))
+            reply.content["grads"] = ArrayRecord(grads)
+        return reply
+
+    values = {**RunConfig().to_mapping(), "algorithm": "episode", "num-clients": 3, "device": "cpu", "local-steps": 2,
+              "num-rounds": 2, "min-replies": 2, "results-dir": str(tmp_path), "run-name": "lying", "node-wait": 2.0}
+    run_server_app(server_app, LoopbackGrid(lying, values, 3))
+    _, rows = read_results(tmp_path / "lying" / "results.jsonl")
+    for row in rows[1:]:
+        assert row["replies"] == 2 and row["resample-failures"] == 1 and row["rejected-replies"] == 0
+        assert any(f.startswith("partition 1: episode-resample rejected, grads: ") and "non-finite" in f
+                   for f in row["failures"]), row["failures"]
 
 
 CASE = {"algorithm": "episode", "local-steps": 3, "num-rounds": 2, "weight-decay": 1e-3, "momentum": 0.5,
