@@ -16,6 +16,7 @@ from __future__ import annotations
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from strategies import participation
 from strategies.algorithms import answering
 from strategies.clientapp import round_settings
 from strategies.wire import exchange_of, reply_of
@@ -67,8 +68,11 @@ def run_config(context: Context) -> RunConfig:
     return cfg.with_clients(num) if isinstance(num, int) and not isinstance(num, bool) else cfg
 
 
-def node_partition(context: Context, cfg: RunConfig) -> int:
-    """This node's partition id, checked against the run's num-clients."""
+def node_clients(context: Context, cfg: RunConfig) -> list[int]:
+    """The clients (partition ids) this node serves: its ``partition-id`` when the federation
+    has one node per client, every ``num-partitions``-th from it when it has fewer nodes than
+    the run's num-clients (``strategies.participation.node_clients``: 8 clients on 2 nodes, 4
+    each)."""
     nc = context.node_config
     if not cfg.num_clients:
         raise ValueError("num-clients=0 follows the federation's num-partitions, which this node's config lacks: start "
@@ -82,35 +86,61 @@ def node_partition(context: Context, cfg: RunConfig) -> int:
     if isinstance(pid, bool) or not isinstance(pid, int):
         raise ValueError(f"partition-id must be an integer, got {pid!r}")
     num = nc.get("num-partitions", cfg.num_clients)
-    if num != cfg.num_clients:
+    if isinstance(num, bool) or not isinstance(num, int) or not 1 <= num <= cfg.num_clients:
         raise ValueError(
-            f"the federation has num-partitions={num} but the run asks for num-clients={cfg.num_clients}: "
-            f"in simulation run with --federation-config \"num-supernodes={cfg.num_clients}\" "
-            f"(or set num-clients={num}); in deployment start {cfg.num_clients} SuperNodes with "
-            f"--node-config \"partition-id=i num-partitions={cfg.num_clients}\""
+            f"the federation has num-partitions={num!r} but the run asks for num-clients={cfg.num_clients}: a node "
+            f"serves one or more clients, so num-partitions must be in [1, {cfg.num_clients}]; in simulation run with "
+            f"--federation-config \"num-supernodes=K\" for K <= {cfg.num_clients} (or set num-clients={num}); in "
+            f"deployment start K SuperNodes with --node-config \"partition-id=i num-partitions=K\""
         )
-    if not (0 <= pid < cfg.num_clients):
-        raise ValueError(f"partition-id must be in [0, {cfg.num_clients - 1}], got {pid}")
-    return pid
+    if not (0 <= pid < num):
+        raise ValueError(f"partition-id must be in [0, {num - 1}] (num-partitions={num}), got {pid}")
+    return participation.node_clients(pid, num, cfg.num_clients)
+
+
+def node_partition(context: Context, cfg: RunConfig) -> int:
+    """This node's one client (a node that serves several has no single partition)."""
+    clients = node_clients(context, cfg)
+    if len(clients) != 1:
+        raise ValueError(f"this node serves clients {clients}, not one: the message must name the clients it runs "
+                         "(the ServerApp of this project does, in the round config's 'clients')")
+    return clients[0]
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     cfg = run_config(context)
     local = local_data(context.node_config, cfg)  # the host's own data (node config local-data)
-    pid = local.sampling_id if local else node_partition(context, cfg)
-    data = (local.task, local.indices) if local else None
     settings = round_settings(msg)  # an error naming every missing key when another strategy drives this app
     exchange = exchange_of(msg, settings)
-    client_state = load_client_state(context, cfg, pid, local.task if local else cached_task(cfg))
-    memory = load_memory(context, pid) if answering(settings.mode).keeps_client_memory else None
-    results = client_round(cfg, pid, exchange, data, client_state, memory)
-    keep_client_state(context, pid, client_state)
-    if memory is not None:
-        context.state[memory_key(pid)] = ArrayRecord(state_to_cpu(memory))
-    extra = {"partition-id": pid} if not local or local.partition_id is not None else {}
-    extra["server-round"] = settings.server_round  # echoed: the server rejects a reply to another round
-    return reply_of(msg, results, extra)
+    multi = exchange.clients != [-1]  # the message names its clients: this node may serve several
+    if local:
+        pids = [local.sampling_id]
+        if multi and exchange.clients != pids:
+            raise ValueError(f"this node (own data) is client {local.sampling_id}, the message names {exchange.clients}")
+    elif multi:
+        serves = node_clients(context, cfg)
+        strays = sorted(set(exchange.clients) - set(serves))
+        if strays:
+            raise ValueError(f"the message names clients {strays}, which this node does not serve (it serves {serves})")
+        pids = list(exchange.clients)
+    else:
+        pids = [node_partition(context, cfg)]
+    exchange.clients = pids
+    data = (local.task, local.indices) if local else None
+    task = local.task if local else cached_task(cfg)
+    states = [load_client_state(context, cfg, pid, task) for pid in pids]
+    keeps = answering(settings.mode).keeps_client_memory
+    memories = [load_memory(context, pid) if keeps else None for pid in pids]
+    results = client_round(cfg, pids, exchange, data, states, memories)
+    for pid, state, memory in zip(pids, states, memories, strict=True):
+        keep_client_state(context, pid, state)
+        if memory is not None:
+            context.state[memory_key(pid)] = ArrayRecord(state_to_cpu(memory))
+    named = not local or local.partition_id is not None
+    # partition-id and server-round echoed: the server rejects a reply naming another client or round
+    extras = [({"partition-id": pid} if named else {}) | {"server-round": settings.server_round} for pid in pids]
+    return reply_of(msg, results, extras, multi=multi)
 
 
 @app.evaluate()
@@ -118,12 +148,16 @@ def evaluate(msg: Message, context: Context) -> Message:
     """Loss and accuracy of the received model on this client's own partition."""
     cfg = run_config(context)
     local = local_data(context.node_config, cfg)
-    task, idx = (local.task, local.indices) if local else (cached_task(cfg), partitions(cfg)[node_partition(context, cfg)])
+    task, parts = (local.task, [local.indices]) if local else (
+        cached_task(cfg), [partitions(cfg)[p] for p in node_clients(context, cfg)])
     device = pick_device(cfg.device)
     model = task.build_model().to(device)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    metrics = task.evaluate_indices(model, device, idx)
-    metrics["num-examples"] = len(idx)
+    each = [(task.evaluate_indices(model, device, idx), len(idx)) for idx in parts]
+    total = sum(n for _, n in each)
+    metrics = dict(each[0][0]) if len(each) == 1 else {  # a node's clients together, weighted by their examples
+        k: sum(m[k] * n for m, n in each) / total for k in each[0][0]}
+    metrics["num-examples"] = total
     return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
 
 

@@ -1,15 +1,18 @@
-"""One client's part of an exchange, without Flower: its group, the method's client side, its results.
+"""A node's clients in an exchange, without Flower: their group, the method's client side, their results.
 
-``client_round`` builds the ``ClientGroup`` of one client -- the task's model on the run's
-device, the client's partition (or a host's own data), its kept state -- and runs the client
-side of the method that answers the exchange's mode (``strategies.algorithms.answering``):
-the same executor and the same code as the engine's clients. The ClientApp calls it for every
+``client_round`` builds the ``ClientGroup`` of a node's clients -- one, or the several a
+multi-client node serves; the task's model on the run's device, each client's partition (or a
+host's own data), their kept state -- on the executor the engine would choose
+(``strategies.executors.choose_executor``), and runs the client side of the method that
+answers the exchange's mode (``strategies.algorithms.answering``): the same code as the
+engine's clients. The ClientApp calls it for every
 train message; ``train_round`` and ``gradient_round`` are the two common exchanges for tests
 and notebooks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -17,7 +20,7 @@ import torch
 
 from strategies.algorithm import Exchange
 from strategies.algorithms import answering
-from strategies.executors import ClientGroup, SequentialClients
+from strategies.executors import ClientGroup, EngineOptions, choose_executor
 from strategies.reduce import ClientResults, per_client
 from strategies.settings import Mode, RoundSettings
 from tasks import cached_task, partitions
@@ -26,37 +29,55 @@ from tasks.device import pick_device
 from tasks.protocol import draw_batches, example_counter, state_to, training_loss
 
 
-def client_round(cfg: RunConfig, partition_id: int, exchange: Exchange, data: tuple[Any, np.ndarray] | None = None,
-                 client_state: dict[str, torch.Tensor] | None = None,
-                 memory: dict[str, torch.Tensor] | None = None) -> ClientResults:
-    """Client ``partition_id``'s results of ``exchange`` (its one client; ``exchange.state`` is
-    the global model).
+def client_round(cfg: RunConfig, partition_id: int | Sequence[int], exchange: Exchange,
+                 data: tuple[Any, np.ndarray] | None = None,
+                 client_state: dict[str, torch.Tensor] | None | Sequence[dict[str, torch.Tensor] | None] = None,
+                 memory: dict[str, torch.Tensor] | None | Sequence[dict[str, torch.Tensor] | None] = None,
+                 ) -> ClientResults:
+    """The results of ``exchange`` for the clients ``partition_id`` (one id, or the several a
+    multi-client node serves: all run with one call of the executor the engine would choose);
+    ``exchange.state`` is the global model.
 
     ``data`` = (task, indices) replaces the simulated partition (a host's own data,
-    ``client.local_data``); then ``partition_id`` only seeds the sampling. ``client_state``
-    (a stateful task's per-client state, ``tasks.protocol``; empty: a fresh client; None: a
-    stateless round) and ``memory`` (the method's own per-client state, e.g. SCAFFOLD's
-    control variate) are updated in place."""
-    if data is None and not (0 <= partition_id < cfg.num_clients):
-        raise ValueError(
-            f"partition-id must be in [0, {cfg.num_clients - 1}] (num-clients = {cfg.num_clients}), got {partition_id}"
-        )
+    ``client.local_data``; one client); then ``partition_id`` only seeds the sampling.
+    ``client_state`` (a stateful task's per-client state, ``tasks.protocol``; empty: a fresh
+    client; None: a stateless round) and ``memory`` (the method's own per-client state, e.g.
+    SCAFFOLD's control variate) -- one per client -- are updated in place."""
+    single = isinstance(partition_id, int)
+    pids = [partition_id] if single else [int(p) for p in partition_id]
+    states = [client_state] if single else list(client_state or [None] * len(pids))
+    memories = [memory] if single else list(memory or [None] * len(pids))
+    if data is not None and len(pids) != 1:
+        raise ValueError(f"a node with its own data is one client, got clients {pids}")
+    bad = [p for p in pids if data is None and not 0 <= p < cfg.num_clients]
+    if bad:
+        raise ValueError(f"partition-id must be in [0, {cfg.num_clients - 1}] (num-clients = {cfg.num_clients}), got "
+                         f"{bad[0] if single else bad}")
     device = pick_device(cfg.device)
-    task, idx = data if data is not None else (cached_task(cfg), partitions(cfg)[partition_id])
-    if client_state is not None:
-        client_state.update(state_to(client_state, device))
-    if memory is not None:
-        memory.update({k: v.to(device) for k, v in memory.items()})
-    executor = SequentialClients(task.build_model, training_loss(task), 1, device, count=example_counter(task),
-                                 streams=False)
+    task = data[0] if data is not None else cached_task(cfg)
+    parts = {pids[0]: data[1]} if data is not None else {p: partitions(cfg)[p] for p in pids}
+    for state in states:
+        if state is not None:
+            state.update(state_to(state, device))
+    memories = [m if m is not None else {} for m in memories]
+    for m in memories:
+        m.update({k: v.to(device) for k, v in m.items()})
+    method = answering(exchange.mode)
 
     def draw(pid: int, state: dict | None, **kw: Any):
-        return draw_batches(task, idx, state, partition_id=pid, device=device, **kw)
+        return draw_batches(task, parts[pid], state, partition_id=pid, device=device, **kw)
 
-    group = ClientGroup(executor, [partition_id], draw, seed=cfg.seed, task_states=[client_state],
-                        memory=[memory if memory is not None else {}])
+    def probe():
+        s = exchange.settings
+        batches = [next(iter(draw(p, None, seed=cfg.seed, server_round=s.server_round, local_steps=s.local_steps,
+                                  batch_size=s.batch_size))) for p in pids]
+        return batches, s.step, exchange.state
+
+    executor, _ = choose_executor(task.build_model, training_loss(task), task.loss, len(pids), device, EngineOptions(),
+                                  count=example_counter(task), method=method, probe=probe)
+    group = ClientGroup(executor, pids, draw, seed=cfg.seed, task_states=states, memory=memories, base=cfg.hyper)
     group.load(exchange.state)
-    return answering(exchange.mode).client(exchange, group)
+    return method.client(exchange, group)
 
 
 def train_round(cfg: RunConfig, partition_id: int, settings: RoundSettings, state: dict[str, torch.Tensor],

@@ -22,6 +22,7 @@ from flwr.supercore import log
 from strategies.algorithms import method
 from strategies.averaging import state_nbytes
 from strategies.base import ClippedSGDStrategy, flower_strategy
+from strategies.participation import node_clients
 from tasks import cached_task, initial_model, partitions
 from tasks.config import RunConfig
 from tasks.device import pick_device
@@ -32,7 +33,7 @@ from tasks.runs.recorder import RunRecorder
 from tasks.runs.run_folder import claim_run_folder
 
 from .faults import WatchedGrid
-from .participation import node_selector
+from .participation import client_assignment, fewest_nodes
 from .resumed import ResumedStrategy
 
 app = ServerApp()
@@ -75,40 +76,49 @@ def reply_checks(task: object, model: torch.nn.Module) -> dict[str, Any]:
             "max_lr_scale": lr_scale_bound(task)}
 
 
-def wait_for_federation(grid: Grid, cfg: RunConfig, poll: float = 0.5,
-                        partition_of: dict[int, int] | None = None) -> list[int]:
-    """Wait (at most ``node-wait`` s) for exactly num-clients nodes with matching partitions.
+def wait_for_federation(grid: Grid, cfg: RunConfig, poll: float = 0.1,
+                        partition_of: dict[int, int] | None = None) -> tuple[list[int], int]:
+    """Wait (at most ``node-wait`` s) for the whole federation: (its nodes, their number K).
 
     Connected nodes are asked for their ``partition-id`` / ``num-partitions`` (a query
-    message) so that a federation of the wrong size fails at once with the fix, instead
-    of training a different number of clients than asked for.
+    message): the federation is ``num-partitions`` = K nodes with distinct partition ids
+    0..K-1, K <= num-clients (K < num-clients: each node serves every K-th client,
+    ``strategies.participation.node_clients``; nodes that report nothing: K = num-clients), so a
+    federation of the wrong shape fails at once with the fix, instead of training other clients
+    than asked for.
     """
     deadline = time.monotonic() + cfg.node_wait
     checked: set[int] = set()
+    sizes: dict[int, int] = {}
     while True:
         nodes = sorted(grid.get_node_ids())
         fresh = [n for n in nodes if n not in checked]
         if fresh:
-            _check_nodes(grid, cfg, fresh, partition_of)
+            _check_nodes(grid, cfg, fresh, partition_of, sizes)
             checked.update(fresh)
-        if len(nodes) > cfg.num_clients:
+        size = next(iter(sizes.values()), cfg.num_clients)
+        if len(nodes) > size:
             raise FederationError(
-                f"set num-clients={len(nodes)} (or 0 to follow the federation) or run with --federation-config "
-                f"\"num-supernodes={cfg.num_clients}\": {len(nodes)} nodes are connected but num-clients is {cfg.num_clients}"
-            )
-        if len(nodes) == cfg.num_clients:
-            return nodes
+                f"run with --federation-config \"num-supernodes={size}\" (at most num-clients={cfg.num_clients} nodes, "
+                f"each serving one or more clients): {len(nodes)} nodes are connected but the federation has "
+                f"num-partitions={size}")
+        if len(nodes) == size:
+            if size < cfg.num_clients:
+                log(INFO, "%d clients on %d nodes: each node serves every %d-th client", cfg.num_clients, size, size)
+            return nodes, size
         if time.monotonic() > deadline:
-            if cfg.min_replies and len(nodes) >= cfg.min_replies:  # fault tolerant: start with enough nodes
-                log(WARNING, "node-wait is over: starting with %d of num-clients=%d nodes (min-replies=%d)",
-                    len(nodes), cfg.num_clients, cfg.min_replies)
-                return nodes
+            served = sum(len(node_clients(partition_of[n], size, cfg.num_clients)) if partition_of and n in partition_of
+                         else 1 for n in nodes)
+            if cfg.min_replies and served >= cfg.min_replies:  # fault tolerant: start with enough nodes
+                log(WARNING, "node-wait is over: starting with %d of %d nodes (min-replies=%d)", len(nodes), size,
+                    cfg.min_replies)
+                return nodes, size
             raise FederationError(
-                f"in simulation run with --federation-config \"num-supernodes={cfg.num_clients}\"; in deployment start "
-                f"{cfg.num_clients} SuperNodes with --node-config \"partition-id=i num-partitions={cfg.num_clients}\": "
-                f"only {len(nodes)} of num-clients={cfg.num_clients} nodes connected within node-wait={cfg.node_wait:g} s"
+                f"in simulation run with --federation-config \"num-supernodes=K\" (K <= num-clients={cfg.num_clients}); "
+                f"in deployment start K SuperNodes with --node-config \"partition-id=i num-partitions=K\": only "
+                f"{len(nodes)} of the federation's {size} nodes connected within node-wait={cfg.node_wait:g} s"
             )
-        log(INFO, "Waiting for nodes: %d of %d connected", len(nodes), cfg.num_clients)
+        log(INFO, "Waiting for nodes: %d of %d connected", len(nodes), size)
         time.sleep(poll)
 
 
@@ -122,27 +132,42 @@ def _query(grid: Grid, nodes: list[int], timeout: float) -> dict[int, dict]:
     return out
 
 
-def _check_nodes(grid: Grid, cfg: RunConfig, nodes: list[int], partition_of: dict[int, int] | None = None) -> None:
+def _check_nodes(grid: Grid, cfg: RunConfig, nodes: list[int], partition_of: dict[int, int] | None = None,
+                 sizes: dict[int, int] | None = None) -> None:
+    """Check the nodes' reports: distinct partition ids, one federation size K <= num-clients."""
+    sizes = {} if sizes is None else sizes
     for node, info in _query(grid, nodes, cfg.node_wait).items():
+        num = info.get("num-partitions")
+        if isinstance(num, int) and not isinstance(num, bool):
+            if num > cfg.num_clients:
+                raise FederationError(
+                    f"run with --federation-config \"num-supernodes={cfg.num_clients}\" (or fewer: a node serves one "
+                    f"or more clients), or set num-clients={num} (or num-clients=0 to follow the federation): the "
+                    f"federation has num-partitions={num} but the run asks for num-clients={cfg.num_clients}; in "
+                    f"deployment start at most {cfg.num_clients} SuperNodes with --node-config \"partition-id=i "
+                    f"num-partitions=K\"")
+            other = next((n for n, k in sizes.items() if k != num), None)
+            if other is not None:
+                raise FederationError(
+                    f"give every SuperNode the same num-partitions (the number of nodes): node {other} reports "
+                    f"num-partitions={sizes[other]}, node {node} num-partitions={num}")
+            sizes[node] = num
         pid = info.get("partition-id")
+        if pid is None:
+            raise FederationError(
+                f"node config has no partition-id (node {node}): start every SuperNode with --node-config "
+                f"\"partition-id=i num-partitions=K\" (K nodes, i = 0..K-1, K <= num-clients={cfg.num_clients})")
         if partition_of is not None and isinstance(pid, int) and not isinstance(pid, bool):
+            size = sizes.get(node, cfg.num_clients)
             holder = next((n for n, p in partition_of.items() if p == pid and n != node), None)
             if holder is not None:
                 raise FederationError(
-                    f"give every SuperNode its own --node-config \"partition-id=i num-partitions={cfg.num_clients}\" "
-                    f"(i = 0..{cfg.num_clients - 1}): nodes {holder} and {node} both claim partition-id={pid}")
+                    f"give every SuperNode its own --node-config \"partition-id=i num-partitions={size}\" "
+                    f"(i = 0..{size - 1}): nodes {holder} and {node} both claim partition-id={pid}")
             partition_of[node] = pid
-        num = info.get("num-partitions")
-        if num is not None and int(num) != cfg.num_clients:
-            raise FederationError(
-                f"run with --federation-config \"num-supernodes={cfg.num_clients}\", or set num-clients={int(num)} "
-                f"(or num-clients=0 to follow the federation): the federation has num-partitions={int(num)} but the run "
-                f"asks for num-clients={cfg.num_clients}; in deployment start the SuperNodes with "
-                f"--node-config \"partition-id=i num-partitions={cfg.num_clients}\""
-            )
 
 
-def follow_federation(grid: Grid, cfg: RunConfig, poll: float = 0.5) -> RunConfig:
+def follow_federation(grid: Grid, cfg: RunConfig, poll: float = 0.1) -> RunConfig:
     """``cfg`` with num-clients resolved: 0 follows the ``num-partitions`` the nodes report
     (Flower's num-supernodes in simulation); a set value stays."""
     if cfg.num_clients:
@@ -217,10 +242,12 @@ def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path) -> None:
     done = ckpt.round if ckpt else 0
     if ckpt:
         arrays = ArrayRecord(ckpt.arrays)
-    watched = WatchedGrid(grid, min_nodes=cfg.required_replies, node_wait=cfg.node_wait)
-    watched.expect(wait_for_federation(grid, cfg, partition_of=watched.partition_of), cfg.num_clients)
-    if cfg.per_round < cfg.num_clients:  # partial participation: the round's K partitions, as on every backend
-        strategy.select = node_selector(cfg, watched)
+    watched = WatchedGrid(grid, min_clients=cfg.required_replies, node_wait=cfg.node_wait)
+    nodes, spread = wait_for_federation(grid, cfg, partition_of=watched.partition_of)
+    watched.expect(nodes, cfg.num_clients, spread)
+    # the round's clients (all, or the K sampled: the same on every backend) and the node serving each
+    strategy.assign = client_assignment(cfg, watched)
+    strategy.min_train_nodes = strategy.min_available_nodes = fewest_nodes(watched, nodes, cfg.required_replies)
     recorder = RunRecorder(cfg, Evaluator(cfg, task, model, device), folder,
                            {"train-size": task.train_size, "model-bytes": state_nbytes(model.state_dict())},
                            resumed=ckpt)
@@ -232,7 +259,7 @@ def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path) -> None:
         if server_round > 0:
             report = strategy.last_report
             grid_failures = watched.take_failures()
-            named = [f"{_name(watched.label(r.client))}: {'' if r.mode is last_mode else f'{r.mode.value} '}"
+            named = [f"{_name(r.client)}: {'' if r.mode is last_mode else f'{r.mode.value} '}"
                      f"rejected, {r.reason}" for r in (report.rejected if report is not None else [])]
             failures = [WatchedGrid.describe({k: v}) for k, v in grid_failures.items()] + named
             failed = sorted(grid_failures, key=lambda k: (isinstance(k, str), k if isinstance(k, int) else 0, str(k)))

@@ -9,14 +9,18 @@ Grid a ServerApp receives and is what the strategy talks to:
   an error reply (the ClientApp raised, or the SuperLink reports the node unavailable) or
   none within the timeout -- as failed, with the reason. Replies come back sorted by
   partition id, so the strategy's floating-point mean does not depend on arrival order.
-* ``get_node_ids`` raises ``NotEnoughNodes`` once fewer than ``min_nodes`` nodes have been
-  online for ``node_wait`` seconds (Flower's ``sample_nodes`` would otherwise wait forever).
+* ``get_node_ids`` raises ``NotEnoughNodes`` once the online nodes have served fewer than
+  ``min_clients`` clients for ``node_wait`` seconds (Flower's ``sample_nodes`` would otherwise
+  wait forever).
 * ``take_failures()`` returns and clears what failed since the last call, with nodes named
   by partition id where known (from the federation check or from their train replies), so a
   node that rejoins under a new node id is still "partition 1".
 
 Membership (``expect``): the federation found by the ServerApp's check before round 1 --
-each node with ONE distinct partition id -- is the run's membership. Only members are
+each node with ONE distinct partition id -- is the run's membership; with fewer nodes than
+clients a node serves several (``clients_of``: every ``spread``-th client from its partition
+id, ``strategies.participation.node_clients``), and failures, answers and rejections are
+recorded per client (a message to such a node names its clients in its config). Only members are
 offered to the strategy (``get_node_ids``); a node that connects later is asked for its
 partition and admitted only to take over the partition of a member that is offline (a
 restarted host with a new node id), otherwise ignored. A train reply that names another
@@ -41,6 +45,15 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from flwr.supercore.run import Run
 
+from strategies.participation import node_clients
+from strategies.wire import CLIENTS_KEY
+
+#: the longest wait between two pulls of a round's replies (seconds); after a reply, the next
+#: pull comes after ``FIRST_WAIT``, doubling while nothing arrives (measured: a fixed 0.5 s
+#: wait cost 0.28 s a round in simulation)
+POLL = 0.2
+FIRST_WAIT = 0.005
+
 
 class NotEnoughNodes(RuntimeError):
     """Fewer nodes than a round needs stayed online for longer than node-wait."""
@@ -49,11 +62,14 @@ class NotEnoughNodes(RuntimeError):
 class WatchedGrid(Grid):
     """Delegating Grid with per-round failure records, message TTL and bounded node waits."""
 
-    def __init__(self, grid: Grid, *, min_nodes: int, node_wait: float, poll: float = 0.5) -> None:
-        if min_nodes < 1 or node_wait <= 0 or poll <= 0:
-            raise ValueError(f"min_nodes >= 1, node_wait > 0 and poll > 0 required, got {min_nodes}, {node_wait}, {poll}")
+    def __init__(self, grid: Grid, *, min_clients: int, node_wait: float, poll: float = POLL) -> None:
+        if min_clients < 1 or node_wait <= 0 or poll <= 0:
+            raise ValueError(f"min_clients >= 1, node_wait > 0 and poll > 0 required, got {min_clients}, {node_wait}, "
+                             f"{poll}")
         self.inner = grid
-        self.min_nodes = min_nodes
+        self.min_clients = min_clients
+        self.spread: int | None = None  # nodes of the federation (None: one client per node)
+        self.num_clients: int | None = None
         self.node_wait = node_wait
         self.poll = poll
         self.partition_of: dict[int, int] = {}  # node id -> partition id
@@ -87,7 +103,7 @@ class WatchedGrid(Grid):
     # --- watched behaviour ------------------------------------------------------------
     def get_node_ids(self) -> Iterable[int]:
         nodes = self._members_online(list(self.inner.get_node_ids()))
-        if len(nodes) >= self.min_nodes:
+        if sum(len(self.clients_of(n)) for n in nodes) >= self.min_clients:
             self._short_since = None
             return nodes
         now = time.monotonic()
@@ -95,20 +111,32 @@ class WatchedGrid(Grid):
             self._short_since = now
         elif now - self._short_since > self.node_wait:
             raise NotEnoughNodes(
-                f"only {len(nodes)} node(s) online for {self.node_wait:g} s (node-wait), a round needs "
-                f"{self.min_nodes} (min-replies); failed so far: {self.describe(self._failures) or 'none'}"
+                f"only {len(nodes)} node(s) online for {self.node_wait:g} s (node-wait), serving "
+                f"{sum(len(self.clients_of(n)) for n in nodes)} clients; a round needs {self.min_clients} (min-replies); "
+                f"failed so far: {self.describe(self._failures) or 'none'}"
             )
         return nodes
 
-    def expect(self, nodes: Iterable[int], num_partitions: int | None = None) -> None:
-        """The federation: these nodes (and, if all have partition ids, partitions 0..n-1)
-        are the members and should answer every round; a round without one of them records
-        it as failed."""
+    def expect(self, nodes: Iterable[int], num_clients: int | None = None, spread: int | None = None) -> None:
+        """The federation: these nodes are the members; with ``spread`` (the federation's nodes,
+        fewer than ``num_clients``) each serves several clients. Every client (if all nodes have
+        partition ids, clients 0..num_clients-1) should answer every round; a round without one
+        of them records it as failed."""
         nodes = list(nodes)
         self.members = set(nodes)
-        self.expected = {self.label(n) for n in nodes}
-        if num_partitions and all(isinstance(x, int) for x in self.expected):
-            self.expected |= set(range(num_partitions))
+        self.num_clients = num_clients
+        self.spread = spread if spread is not None and num_clients is not None and spread < num_clients else None
+        self.expected = {c for n in nodes for c in self.clients_of(n)}
+        if num_clients and all(isinstance(x, int) for x in self.expected):
+            self.expected |= set(range(num_clients))
+
+    def clients_of(self, node_id: int) -> list[int | str]:
+        """The clients a node serves: its partition id (or "node <id>" when unknown), or with
+        fewer nodes than clients every ``spread``-th client from it."""
+        pid = self.partition_of.get(node_id)
+        if pid is None or self.spread is None:
+            return [self.label(node_id)]
+        return list(node_clients(pid, self.spread, self.num_clients))
 
     def expect_round(self, partitions: Iterable[int]) -> None:
         """Only these partitions are expected to answer the coming round (partial participation)."""
@@ -158,33 +186,40 @@ class WatchedGrid(Grid):
         ids = list(self.inner.push_messages(messages))
         pending = {mid: node for mid, node in zip(ids, dst, strict=True) if mid}
         sent_round = {mid: _round_of(m) for mid, m in zip(ids, messages, strict=True) if mid}
-        for mid, node in zip(ids, dst, strict=True):
+        named = {mid: _clients_of(m) for mid, m in zip(ids, messages, strict=True) if mid}
+        for mid, node, msg in zip(ids, dst, messages, strict=True):
             if not mid:
-                self._fail(node, "the SuperLink did not accept the message")
+                self._fail(node, "the SuperLink did not accept the message", _clients_of(msg))
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[tuple[int, Message]] = []
+        wait = FIRST_WAIT
         while pending:
+            got = False
             for reply in self.inner.pull_messages(list(pending)):
-                node = pending.pop(reply.metadata.reply_to_message_id, None)
+                mid = reply.metadata.reply_to_message_id
+                node = pending.pop(mid, None)
                 if node is None:
                     continue
+                got, clients = True, named.get(mid)
                 if reply.has_error():
-                    self._fail(node, self._reason(reply, timeout))
+                    self._fail(node, self._reason(reply, timeout), clients)
                     replies.append((node, reply))
                     continue
-                why = self._unsound(node, reply, sent_round.get(reply.metadata.reply_to_message_id))
+                why = self._unsound(node, reply, sent_round.get(mid), clients)
                 if why:
-                    self._rejected += 1
-                    self._fail(node, f"rejected, {why}")
+                    self._rejected += len(clients) if clients else 1
+                    self._fail(node, f"rejected, {why}", clients)
                     continue
                 self._learn(node, reply)
-                self._answered.add(self.label(node))
+                self._answered.update(clients if clients else [self.label(node)])
                 replies.append((node, reply))
             if not pending or (deadline is not None and time.monotonic() >= deadline):
                 break
-            time.sleep(self.poll if deadline is None else max(0.0, min(self.poll, deadline - time.monotonic())))
-        for node in pending.values():
-            self._fail(node, f"no reply within round-timeout ({timeout:g} s)")
+            # pull again soon after a reply (the others follow), then back off up to ``poll``
+            wait = FIRST_WAIT if got else min(2 * wait, self.poll)
+            time.sleep(wait if deadline is None else max(0.0, min(wait, deadline - time.monotonic())))
+        for mid, node in pending.items():
+            self._fail(node, f"no reply within round-timeout ({timeout:g} s)", named.get(mid))
         # Canonical order (partition id, then node id), not arrival order: a floating-point
         # mean of 3+ clients depends on the order of its terms, and a run must not.
         replies.sort(key=lambda nr: (nr[0] not in self.partition_of, self.partition_of.get(nr[0], 0), nr[0]))
@@ -195,13 +230,18 @@ class WatchedGrid(Grid):
         out, self._rejected = self._rejected, 0
         return out
 
-    def _unsound(self, node: int, reply: Message, server_round: int | None) -> str | None:
-        """Why a reply breaks membership or the round, or None."""
+    def _unsound(self, node: int, reply: Message, server_round: int | None, clients: list[int] | None = None
+                 ) -> str | None:
+        """Why a reply breaks membership or the round, or None (``clients``: those the message
+        named, for a multi-client node)."""
         if self.members is not None and node not in self.members:
             return f"node {node} is not a member of the federation"
-        for record in reply.content.metric_records.values():
+        for name, record in reply.content.metric_records.items():
             pid = record.get("partition-id")
-            if pid is not None and node in self.partition_of and pid != self.partition_of[node]:
+            if clients is not None:
+                if pid is not None and (pid not in clients or name != f"metrics.{pid}"):
+                    return f"spoofed partition-id {pid!r} in {name!r} (the message named clients {clients})"
+            elif pid is not None and node in self.partition_of and pid != self.partition_of[node]:
                 return f"spoofed partition-id {pid!r} (the node holds partition {self.partition_of[node]})"
             echoed = record.get("server-round")
             if echoed is not None and server_round is not None and echoed != server_round:
@@ -229,10 +269,11 @@ class WatchedGrid(Grid):
     def describe(failures: dict[int | str, str]) -> str:
         return "; ".join(f"{_name(k)}: {reason}" for k, reason in failures.items())
 
-    def _fail(self, node: int, reason: str) -> None:
-        label = self.label(node)
-        self._failures[label] = reason
-        log(WARNING, "%s failed: %s", _name(label), reason)
+    def _fail(self, node: int, reason: str, clients: list[int] | None = None) -> None:
+        """Record every client of the message as failed (its node's own label for one client)."""
+        for label in clients if clients else [self.label(node)]:
+            self._failures[label] = reason
+            log(WARNING, "%s failed: %s", _name(label), reason)
 
     @staticmethod
     def _reason(reply: Message, timeout: float | None) -> str:
@@ -251,6 +292,15 @@ class WatchedGrid(Grid):
             if isinstance(pid, int) and not isinstance(pid, bool):
                 self.partition_of[node] = pid
                 return
+
+
+def _clients_of(msg: Message) -> list[int] | None:
+    """The clients a message to a multi-client node names (``strategies.wire.CLIENTS_KEY``), or None."""
+    for record in msg.content.config_records.values():
+        value = record.get(CLIENTS_KEY)
+        if isinstance(value, list):
+            return [int(v) for v in value]
+    return None
 
 
 def _round_of(msg: Message) -> int | None:

@@ -1,11 +1,12 @@
-"""Partial participation on the Flower path: the nodes holding a round's K partitions.
+"""Which node serves which of a round's clients, on the Flower path.
 
-``strategies.participation.participants`` picks the round's partition ids from (seed,
-round) alone; ``node_selector`` turns them into the strategy's ``select`` hook: the
-connected members holding those partitions (``WatchedGrid.partition_of``, known from the
-federation check), in partition order. It also tells the grid that only these
-partitions are expected to answer this round, so a member that was not sampled is
-neither "offline" nor failed, and ``min-replies`` counts among the sampled ones.
+``client_assignment`` is the strategy's ``assign`` hook: the round's clients -- all of them,
+or under partial participation the K that ``strategies.participation.participants`` draws
+from (seed, round) alone, as every backend does -- each with the connected member that serves
+it (``WatchedGrid.clients_of``: its own partition, or with fewer nodes than clients every
+K-th one), in partition order. Under partial participation it also tells the grid that only
+these clients are expected to answer this round, so a member that was not sampled is neither
+"offline" nor failed, and ``min-replies`` counts among the sampled ones.
 """
 
 from __future__ import annotations
@@ -21,20 +22,35 @@ from tasks.config import RunConfig
 from .faults import WatchedGrid
 
 
-def node_selector(cfg: RunConfig, grid: WatchedGrid) -> Callable[[int, list[int]], list[int]]:
-    """``select(server_round, node_ids)`` for ``ClippedSGDStrategy``: the round's participants' nodes."""
+def client_assignment(cfg: RunConfig, grid: WatchedGrid) -> Callable[[int, list[int]], dict[int, list[int]]]:
+    """``assign(server_round, node_ids) -> {node: [partition ids]}`` for ``ClippedSGDStrategy``."""
+    partial = cfg.per_round < cfg.num_clients
 
-    def select(server_round: int, node_ids: list[int]) -> list[int]:
-        chosen = participants(cfg.seed, server_round, cfg.num_clients, cfg.clients_per_round)
+    def assign(server_round: int, node_ids: list[int]) -> dict[int, list[int]]:
         unknown = [n for n in node_ids if n not in grid.partition_of]
         if unknown:
-            raise ValueError(f"clients-per-round={cfg.clients_per_round} samples partitions, but node(s) {unknown} "
-                             "did not report their partition-id (the ClientApp must answer the query message)")
-        holder = {grid.partition_of[n]: n for n in node_ids}
-        grid.expect_round(chosen)
-        missing = [p for p in chosen if p not in holder]
+            raise ValueError(f"node(s) {unknown} did not report their partition-id: the ClientApp must answer the "
+                             "query message (this project's does)")
+        chosen = participants(cfg.seed, server_round, cfg.num_clients, cfg.clients_per_round)
+        if partial:
+            grid.expect_round(chosen)
+        taking = set(chosen)
+        out = {n: [p for p in grid.clients_of(n) if p in taking] for n in node_ids}
+        out = {n: ps for n, ps in sorted(out.items(), key=lambda nps: nps[1][:1]) if ps}
+        missing = sorted(taking - {p for ps in out.values() for p in ps})
         if missing:
-            log(WARNING, "Round %d: sampled partition(s) %s have no node online", server_round, missing)
-        return [holder[p] for p in chosen if p in holder]
+            log(WARNING, "Round %d: client(s) %s have no node online", server_round, missing)
+        return out
 
-    return select
+    return assign
+
+
+def fewest_nodes(grid: WatchedGrid, nodes: list[int], clients: int) -> int:
+    """The fewest of ``nodes`` that serve at least ``clients`` clients (what a round waits for)."""
+    sizes = sorted((len(grid.clients_of(n)) for n in nodes), reverse=True)
+    total = 0
+    for k, size in enumerate(sizes, 1):
+        total += size
+        if total >= clients:
+            return k
+    return max(len(sizes), 1)

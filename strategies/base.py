@@ -26,7 +26,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg
-from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
+from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords, sample_nodes
 from flwr.supercore import log
 
 from .algorithm import Algorithm
@@ -34,7 +34,7 @@ from .algorithms import CELGC as CELGCMethod
 from .averaging import NON_FINITE
 from .reduce import ClientResults
 from .round import Exchange, Round, RoundReport
-from .sampling import Select, sample
+from .sampling import Assign, Select, sample
 from .schedule import global_epoch, scheduled
 from .screen import Checks, screen
 from .settings import DEFAULTS, OWNED_KEYS, Hyper
@@ -92,6 +92,13 @@ class ClippedSGDStrategy(FedAvg):
         round, instead of a uniform random sample -- e.g. the nodes holding the round's
         partitions under partial participation (``strategies.participation``), so every
         backend trains the same clients. It must return distinct connected node ids.
+    assign : callable, optional
+        ``assign(server_round, node_ids) -> {node: [client ids]}``: the round's clients and the
+        connected node that serves each (a multi-client node runs several with one call of its
+        executor: the ServerApp's federation of partitions). The messages then go one per node
+        (``strategies.wire``: the global model once, ``clients`` in the config, each client's
+        arrays and reply records suffixed with its id), every client's reply is read and checked
+        on its own, and the clients' ids are their partition ids. Replaces ``select``.
     exchange_timeout : float, optional
         Seconds to wait for the replies of a method's first exchanges (EPISODE's resample;
         None: no limit); the last exchange's replies are waited for by ``Strategy.start``.
@@ -126,6 +133,7 @@ class ClippedSGDStrategy(FedAvg):
         bound_keys: Sequence[str] | None = None,
         max_lr_scale: float = 1.0,
         select: Select | None = None,
+        assign: Assign | None = None,
         local_steps: int = DEFAULTS.local_steps,
         population: int | None = None,
         exchange_timeout: float | None = None,
@@ -140,6 +148,8 @@ class ClippedSGDStrategy(FedAvg):
         checks: list[tuple[bool, str]] = [
             (max_lr_scale >= 1, f"max_lr_scale must be >= 1 (math.inf: no bound), got {max_lr_scale!r}"),
             (select is None or callable(select), f"select must be callable (server_round, node_ids) -> node_ids, got {select!r}"),
+            (assign is None or callable(assign),
+             f"assign must be callable (server_round, node_ids) -> {{node: [client ids]}}, got {assign!r}"),
             (exchange_timeout is None or exchange_timeout > 0,
              f"exchange_timeout must be > 0 seconds or None, got {exchange_timeout!r}"),
         ]
@@ -156,8 +166,9 @@ class ClippedSGDStrategy(FedAvg):
         self.bound_keys = list(bound_keys) if bound_keys is not None else None
         self.max_lr_scale = float(max_lr_scale)
         self.select = select
+        self.assign = assign
         self.exchange_timeout = exchange_timeout
-        self._round: tuple[Round, Any, Exchange] | None = None  # the round configure_train started
+        self._round: tuple[Round, Any, Exchange, dict | None] | None = None  # the round configure_train started
         self._last_start: tuple[int, dict, list[int]] | None = None
         self._config = ConfigRecord()
         self._warned_foreign = False
@@ -260,30 +271,46 @@ class ClippedSGDStrategy(FedAvg):
         self.last_failures = []
         if self.fraction_train == 0.0:
             return []
-        node_ids = self.sample(grid, server_round)
         config = ConfigRecord(dict(config))
         config["server-round"] = server_round
         self._config = config
-        rnd = self.algorithm.begin(server_round, arrays.to_torch_state_dict(), node_ids, trainable=self.bound_keys)
-        self._last_start = (server_round, rnd.state, list(node_ids))
+        served = self._assigned(grid, server_round) if self.assign is not None else None
+        clients = sorted(p for ps in served.values() for p in ps) if served is not None else self.sample(grid, server_round)
+        rnd = self.algorithm.begin(server_round, arrays.to_torch_state_dict(), clients, trainable=self.bound_keys)
+        self._last_start = (server_round, rnd.state, list(clients))
         gen = self.algorithm.server(rnd)
         exchange = next(gen)
         while not exchange.final:
-            sent = self._messages(exchange, arrays)
+            holders = _holders(served, exchange)
+            sent = self._messages(exchange, arrays, holders)
             replies = list(grid.send_and_receive(sent, timeout=self.exchange_timeout))
             try:
-                exchange = gen.send(self._results(rnd, exchange, replies, sent=len(sent))[0])
+                exchange = gen.send(self._results(rnd, exchange, replies, holders=holders)[0])
             except StopIteration as stop:  # the round ended early (no sound reply to go on with)
                 self._report(stop.value, [])
                 log(WARNING, "Round %d: no sound reply to the %s exchange, the round is skipped", server_round,
                     exchange.mode.value)
                 return []
-        self._round = (rnd, gen, exchange)
-        return self._messages(exchange, arrays)
+        holders = _holders(served, exchange)
+        self._round = (rnd, gen, exchange, holders)
+        return self._messages(exchange, arrays, holders)
 
-    def _messages(self, exchange: Exchange, arrays: ArrayRecord) -> list[Message]:
+    def _assigned(self, grid: Grid, server_round: int) -> dict[int, list[int]]:
+        """The round's clients by the node that serves each (``assign``), checked."""
+        _, everyone = sample_nodes(grid, self.min_available_nodes, 0)  # waits for min_available_nodes
+        connected = sorted(everyone)
+        served = {int(n): [int(p) for p in ps] for n, ps in self.assign(server_round, connected).items()}
+        clients = [p for ps in served.values() for p in ps]
+        if set(served) - set(connected) or len(set(clients)) != len(clients):
+            raise ValueError(f"assign({server_round}, ...) must map connected node ids to distinct clients, got "
+                             f"{served} (connected: {connected})")
+        log(INFO, "configure_train: %d clients on %d nodes (out of %d)", len(clients),
+            sum(1 for ps in served.values() if ps), len(connected))
+        return served
+
+    def _messages(self, exchange: Exchange, arrays: ArrayRecord, holders: dict | None = None) -> list[Message]:
         return messages(exchange, arrays, self._config, arrayrecord_key=self.arrayrecord_key,
-                        configrecord_key=self.configrecord_key)
+                        configrecord_key=self.configrecord_key, holders=holders)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -304,12 +331,10 @@ class ClippedSGDStrategy(FedAvg):
                 _, state, clients = self._last_start
             rnd = self.algorithm.begin(server_round, state, clients, trainable=self.bound_keys)
             gen = self.algorithm.server(rnd)
-            exchange = next(gen)
-            sent = len(replies)
+            exchange, holders = next(gen), None
         else:
-            rnd, gen, exchange = started
-            sent = len(exchange.clients)
-        results, sound = self._results(rnd, exchange, replies, sent=sent, final=True)
+            rnd, gen, exchange, holders = started
+        results, sound = self._results(rnd, exchange, replies, holders=holders, final=True)
         if not sound and not rnd.state:  # nothing to average and no global model to keep
             return self._report(rnd.unchanged(), [])
         try:
@@ -330,19 +355,24 @@ class ClippedSGDStrategy(FedAvg):
             return None, summary
         return ArrayRecord(report.state), summary
 
-    def _results(self, rnd: Round, exchange: Exchange, replies: list[Message], *, sent: int, final: bool = False,
-                 ) -> tuple[ClientResults, list[Reply]]:
+    def _results(self, rnd: Round, exchange: Exchange, replies: list[Message], *, holders: dict | None = None,
+                 final: bool = False) -> tuple[ClientResults, list[Reply]]:
         """The sound replies of ``exchange`` as the method's results (``strategies.screen``), and
         the replies; failed and rejected ones recorded in the round and in ``last_failures``."""
         ok, failed = self._check_and_log_replies(replies, is_train=True, validate=False)
         label = "" if exchange.final else f"{exchange.mode.value} "
         self.last_failures += [f"node {m.metadata.src_node_id}: {label}{m.error.reason}" for m in failed]
-        rnd.fail(len(failed) + max(sent - len(replies), 0))
+        if holders is None:
+            rnd.fail(len(failed) + max(len(exchange.clients) - len(replies), 0))
+        else:  # every client of a node without a usable reply
+            answered = {m.metadata.src_node_id for m in ok}
+            rnd.fail(sum(len(ps) for node, ps in holders.items() if node not in answered))
         checks = Checks(self.weighted_by_key, self.verify_examples, self.bound_keys, self.max_lr_scale)
-        out = screen(rnd, exchange, ok, self.algorithm, checks)
+        out = screen(rnd, exchange, ok, self.algorithm, checks, holders)
         for r in out.rejected:
-            self.last_failures.append(f"node {r.node}: {label}rejected, {r.reason}")
-            log(WARNING, "Round %d: rejected %sreply from node %d: %s", rnd.server_round, label, r.node, r.reason)
+            who = f"node {r.node}" if holders is None else f"client {r.node}"
+            self.last_failures.append(f"{who}: {label}rejected, {r.reason}")
+            log(WARNING, "Round %d: rejected %sreply of %s: %s", rnd.server_round, label, who, r.reason)
         if final:
             reasons = {r.reason for r in out.rejected}
             if out.rejected and not out.sound and len(reasons) == 1 and not next(iter(reasons)).endswith(NON_FINITE):
@@ -373,6 +403,14 @@ class ClippedSGDStrategy(FedAvg):
             log(WARNING, "Replies from node(s) %s carry none of %s: those ClientApps are not running local clipped "
                 "SGD (they ignore local-steps, lr and clip). Use strategies.clientapp in the ClientApp.",
                 foreign, list(OWN_METRICS))
+
+
+def _holders(served: dict[int, list[int]] | None, exchange: Exchange) -> dict[int, list[int]] | None:
+    """The nodes serving the clients of ``exchange`` (a method may leave clients out of an exchange)."""
+    if served is None:
+        return None
+    taking = set(exchange.clients)
+    return {node: [p for p in ps if p in taking] for node, ps in served.items() if any(p in taking for p in ps)}
 
 
 @functools.cache

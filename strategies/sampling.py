@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from logging import INFO
 
 from flwr.serverapp import Grid
@@ -11,6 +11,8 @@ from flwr.supercore import log
 
 #: ``select(server_round, node_ids) -> node_ids``: the round's nodes among the connected ones
 Select = Callable[[int, list[int]], Sequence[int]]
+#: ``assign(server_round, node_ids) -> {node: [client ids]}``: the round's clients and their nodes
+Assign = Callable[[int, list[int]], Mapping[int, Sequence[int]]]
 
 
 def sample(grid: Grid, *, num_clients: int | None, fraction: float, min_train_nodes: int, min_available_nodes: int,

@@ -13,7 +13,7 @@ never averaged and never a crash; the sound ones go to the method as ``ClientRes
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +23,7 @@ from .algorithm import Algorithm
 from .averaging import check_state
 from .reduce import ClientResults
 from .round import Exchange, Round
-from .wire import Reply, client_results, read_reply
+from .wire import Reply, client_results, is_multi, read_content, read_reply, split_reply
 
 
 @dataclass(frozen=True)
@@ -45,12 +45,36 @@ class Screened:
     rejected: list[Reply]
 
 
-def screen(rnd: Round, exchange: Exchange, replies: Sequence[Message], algorithm: Algorithm, checks: Checks
-           ) -> Screened:
-    """Read and check the (non-error) ``replies`` of ``exchange``; rejections recorded in ``rnd``."""
+def screen(rnd: Round, exchange: Exchange, replies: Sequence[Message], algorithm: Algorithm, checks: Checks,
+           holders: Mapping[int, Sequence[int]] | None = None) -> Screened:
+    """Read and check the (non-error) ``replies`` of ``exchange``; rejections recorded in ``rnd``.
+    ``holders`` (node -> the exchange's clients it serves): each node's reply is one reply per
+    client (``strategies.wire.split_reply``), each read and checked on its own; the results in
+    the order of the clients' ids."""
     groups = algorithm.reply_groups(exchange.mode)
     settings = exchange.settings if checks.verify_examples else None
-    read = [read_reply(m, groups, weighted_by_key=checks.weighted_by_key, settings=settings) for m in replies]
+    if holders is None:
+        read = [read_reply(m, groups, weighted_by_key=checks.weighted_by_key, settings=settings) for m in replies]
+    elif not is_multi(holders):  # one client a node, the plain format: the reply is its client's
+        read = [read_content(holders[m.metadata.src_node_id][0], m.content, groups,
+                             weighted_by_key=checks.weighted_by_key, settings=settings)
+                for m in replies if m.metadata.src_node_id in holders]
+        read.sort(key=lambda r: r.node)
+    else:
+        read = []
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            parts, strays = split_reply(msg.content, holders.get(node, []))
+            for pid, part in parts.items():
+                if strays:
+                    read.append(Reply(pid, part, reason=f"the reply of its node carries records {strays} of no client "
+                                                        "of the message"))
+                elif not part:
+                    read.append(Reply(pid, part, reason="its node's reply carries nothing for this client"))
+                else:
+                    read.append(read_content(pid, part, groups, weighted_by_key=checks.weighted_by_key,
+                                             settings=settings))
+        read.sort(key=lambda r: r.node)
     refs = references(rnd, read, groups, needs_global=algorithm.needs_global)
     for r in read:
         if r.reason is None:

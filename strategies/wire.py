@@ -2,7 +2,12 @@
 
 ``messages`` turns an ``Exchange`` into one train Message per client: the global arrays
 (``arrayrecord_key``), the exchange's per-client ArrayRecords (``correction``, ``control``)
-and the ConfigRecord (the caller's ``train_config`` plus ``RoundSettings.to_config()``).
+and the ConfigRecord (the caller's ``train_config`` plus ``RoundSettings.to_config()``) --
+or, given the nodes that serve the clients (``holders``) and some node serving several, one
+Message per node: the global arrays once, the config with ``clients`` (the partition ids it
+runs), each client's arrays as ``<name>.<partition id>``; its reply carries ``<group>.<id>``
+and ``metrics.<id>`` per client, which ``split_reply`` turns back into one reply per client
+(with one client a node, the plain format to the node).
 ``read_reply`` parses one reply field by field into typed values -- its one MetricRecord
 (``strategies.replies``), its weight (``weighted_by_key``), its ArrayRecords decoded into the
 groups the exchange's method expects -- or the reason to reject it; nothing here raises on
@@ -47,19 +52,67 @@ class Reply:
         return sum(state_nbytes(g) for g in self.groups.values())
 
 
+#: the round-config key naming the clients (partition ids) a multi-client node runs in an exchange
+CLIENTS_KEY = "clients"
+
+
+def _arrays(state: Mapping[str, torch.Tensor]) -> ArrayRecord:
+    return ArrayRecord({k: v.detach().cpu() for k, v in state.items()})
+
+
 def messages(exchange: Exchange, arrays: ArrayRecord, config: ConfigRecord, *, arrayrecord_key: str,
-             configrecord_key: str, message_type: str = MessageType.TRAIN) -> list[Message]:
-    """One Message per client of ``exchange`` (the caller's ``config`` is copied, never changed)."""
+             configrecord_key: str, message_type: str = MessageType.TRAIN,
+             holders: Mapping[int, Sequence[int]] | None = None) -> list[Message]:
+    """One Message per client of ``exchange``, or with ``holders`` (node -> the exchange's clients
+    it serves) one per node (the caller's ``config`` is copied, never changed)."""
     own = ConfigRecord(dict(config))
     for key, value in exchange.settings.to_config().items():
         own[key] = value
     out = []
-    for i, node in enumerate(exchange.clients):
-        content = RecordDict({arrayrecord_key: arrays, configrecord_key: own})
-        for name, per in exchange.arrays.items():
-            content[name] = ArrayRecord({k: v.detach().cpu() for k, v in per[i].items()})
+    if holders is None:
+        for i, node in enumerate(exchange.clients):
+            content = RecordDict({arrayrecord_key: arrays, configrecord_key: own})
+            for name, per in exchange.arrays.items():
+                content[name] = _arrays(per[i])
+            out.append(Message(content=content, dst_node_id=node, message_type=message_type))
+        return out
+    position = {pid: i for i, pid in enumerate(exchange.clients)}
+    if not is_multi(holders):  # one client a node: the plain format, sent to the node
+        for node, (pid,) in holders.items():
+            content = RecordDict({arrayrecord_key: arrays, configrecord_key: own})
+            for name, per in exchange.arrays.items():
+                content[name] = _arrays(per[position[pid]])
+            out.append(Message(content=content, dst_node_id=node, message_type=message_type))
+        return out
+    for node, clients in holders.items():
+        node_config = ConfigRecord(dict(own))
+        node_config[CLIENTS_KEY] = [int(pid) for pid in clients]
+        content = RecordDict({arrayrecord_key: arrays, configrecord_key: node_config})
+        for pid in clients:
+            for name, per in exchange.arrays.items():
+                content[f"{name}.{pid}"] = _arrays(per[position[pid]])
         out.append(Message(content=content, dst_node_id=node, message_type=message_type))
     return out
+
+
+def is_multi(holders: Mapping[int, Sequence[int]] | None) -> bool:
+    """Whether some node serves several of the clients (the suffixed format); with one client a
+    node the messages and replies keep the plain format."""
+    return holders is not None and any(len(clients) != 1 for clients in holders.values())
+
+
+def split_reply(content: RecordDict, clients: Sequence[int]) -> tuple[dict[int, RecordDict], list[str]]:
+    """A multi-client node's reply as one RecordDict per client (``<name>.<id>`` -> ``<name>``),
+    and the names of records that belong to none of ``clients``."""
+    out = {int(pid): RecordDict() for pid in clients}
+    strays = []
+    for name, record in content.items():
+        base, sep, suffix = name.rpartition(".")
+        if sep and suffix.isdigit() and int(suffix) in out:
+            out[int(suffix)][base] = record
+        else:
+            strays.append(name)
+    return out, strays
 
 
 def read_reply(msg: Message, groups: Sequence[str], *, weighted_by_key: str,
@@ -68,7 +121,13 @@ def read_reply(msg: Message, groups: Sequence[str], *, weighted_by_key: str,
     exactly one ArrayRecord under any key; otherwise exactly those ArrayRecords).
     ``settings``: the exchange's, to check the num-examples an honest client reports (its
     steps x batch size); None: not checked."""
-    node, content = msg.metadata.src_node_id, msg.content
+    return read_content(msg.metadata.src_node_id, msg.content, groups, weighted_by_key=weighted_by_key,
+                        settings=settings)
+
+
+def read_content(node: int, content: RecordDict, groups: Sequence[str], *, weighted_by_key: str,
+                 settings: RoundSettings | None = None) -> Reply:
+    """``read_reply`` of one client's records (``node``: the client's id in the results)."""
     records = content.metric_records
     if len(records) != 1:
         return Reply(node, content, reason=f"expected exactly one MetricRecord, got {len(records)}")
@@ -128,10 +187,29 @@ def client_results(replies: Sequence[Reply], groups: Sequence[str]) -> ClientRes
 
 # --- the client side ------------------------------------------------------------------------
 def exchange_of(msg: Message, settings: RoundSettings) -> Exchange:
-    """A train Message as the exchange of its one client: the global model (its one ArrayRecord,
-    or the one named ``arrays`` beside the exchange's per-client records, e.g. ``correction``),
-    the ``settings`` and the per-client arrays."""
+    """A train Message as the exchange of its clients: the global model (its one ArrayRecord, or
+    the one named ``arrays`` beside the per-client records, e.g. ``correction``), the
+    ``settings`` and the per-client arrays. A message to a multi-client node (``clients`` in its
+    config) names its clients, ``ids`` of the exchange; otherwise the exchange has one client,
+    id -1 (the node's own)."""
     records = msg.content.array_records
+    config = next(iter(msg.content.config_records.values()), {})
+    clients = config.get(CLIENTS_KEY)
+    if clients is not None:
+        if not (isinstance(clients, list) and clients and all(_is_id(c) for c in clients)
+                and len(set(clients)) == len(clients)):
+            raise ValueError(f"the round's config names clients={clients!r}: a list of distinct partition ids")
+        if "arrays" not in records:
+            raise ValueError(f"a message to a multi-client node carries the global model as 'arrays', got {sorted(records)}")
+        parts, strays = split_reply(RecordDict({k: v for k, v in records.items() if k != "arrays"}), clients)
+        if strays:
+            raise ValueError(f"records {strays} name no client of this message (clients {clients})")
+        names = {name for part in parts.values() for name in part}
+        missing = [(name, pid) for name in sorted(names) for pid, part in parts.items() if name not in part]
+        if missing:
+            raise ValueError(f"per-client records missing: {', '.join(f'{n}.{p}' for n, p in missing)}")
+        extra = {name: [parts[pid][name].to_torch_state_dict() for pid in clients] for name in sorted(names)}
+        return Exchange(settings, [int(c) for c in clients], records["arrays"].to_torch_state_dict(), extra)
     if len(records) == 1:
         model = next(iter(records))
     elif "arrays" in records:
@@ -140,15 +218,23 @@ def exchange_of(msg: Message, settings: RoundSettings) -> Exchange:
         raise ValueError(f"a train message with several ArrayRecords carries the global model as 'arrays', got "
                          f"{sorted(records)}")
     extra = {name: [record.to_torch_state_dict()] for name, record in records.items() if name != model}
-    return Exchange(settings, [0], records[model].to_torch_state_dict(), extra)
+    return Exchange(settings, [-1], records[model].to_torch_state_dict(), extra)
 
 
-def reply_of(msg: Message, results: ClientResults, extra: Mapping[str, float | int] | None = None,
-             position: int = 0) -> Message:
-    """The reply of one client (``position`` in ``results``): its groups as ArrayRecords and its
-    metrics (``ClientResults.metrics_of``, plus ``extra``) as the MetricRecord ``metrics``."""
+def _is_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def reply_of(msg: Message, results: ClientResults, extras: Sequence[Mapping[str, float | int]],
+             multi: bool = False) -> Message:
+    """The reply of a node's clients: each client's groups as ArrayRecords and its metrics
+    (``ClientResults.metrics_of``, plus its ``extras``) as a MetricRecord -- under the plain
+    names for the one client of a node (``multi`` False), as ``<name>.<id>`` for each client of a
+    multi-client node."""
     content = RecordDict()
-    for name, arrays in results.arrays.items():
-        content[name] = ArrayRecord({k: v.detach().cpu() for k, v in per_client(arrays)[position].items()})
-    content["metrics"] = MetricRecord({**results.metrics_of(position), **(extra or {})})
+    for i, pid in enumerate(results.ids):
+        suffix = f".{pid}" if multi else ""
+        for name, arrays in results.arrays.items():
+            content[f"{name}{suffix}"] = _arrays(per_client(arrays)[i])
+        content[f"metrics{suffix}"] = MetricRecord({**results.metrics_of(i), **extras[i]})
     return Message(content=content, reply_to=msg)

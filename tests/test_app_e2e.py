@@ -68,11 +68,26 @@ def test_schedule_and_clip_off_reach_the_clients(tmp_path):
     assert rows[-1]["clip-fraction"] == 0.0
 
 
-def test_federation_smaller_than_num_clients_fails_with_the_fix_first(tmp_path, caplog):
+def test_fewer_nodes_than_clients_serve_them_all_the_same_run(tmp_path):
+    """4 clients on 2 nodes (each serves every 2nd client, all with one call of its executor):
+    one message a node a round, and the run of one node per client, bit for bit."""
+    folder, grid = run(tmp_path, "two", num_nodes=2)
+    one, _ = run(tmp_path, "four")
+    (_, rows), (_, ref) = read_results(folder / "results.jsonl"), read_results(one / "results.jsonl")
+    assert len([m for m in grid.sent if m.metadata.message_type == "train"]) == 2 * 3
+    assert [m.content["config"]["clients"] for m in grid.sent if m.metadata.message_type == "train"][:2] == [[0, 2],
+                                                                                                            [1, 3]]
+    assert [{k: v for k, v in r.items() if k != "wall-clock"} for r in rows] == \
+        [{k: v for k, v in r.items() if k != "wall-clock"} for r in ref]
+    a, b = load_weights(folder / "model.pt"), load_weights(one / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_more_nodes_than_clients_fails_with_the_fix_first(tmp_path, caplog):
     with caplog.at_level(logging.ERROR, logger="flwr"), pytest.raises(FederationError) as err:
-        run(tmp_path, num_nodes=2)
-    assert str(err.value).startswith('run with --federation-config "num-supernodes=4", or set num-clients=2')
-    assert "num-partitions=2 but the run asks for num-clients=4" in str(err.value)
+        run(tmp_path, num_nodes=5)
+    assert str(err.value).startswith('run with --federation-config "num-supernodes=4" (or fewer')
+    assert "num-partitions=5 but the run asks for num-clients=4" in str(err.value)
     assert caplog.records[0].getMessage() == str(err.value)  # logged before Flower's traceback
 
 
@@ -92,7 +107,8 @@ def test_num_clients_zero_without_num_partitions_is_a_clear_error(tmp_path):
 
 def test_too_few_nodes_fails_after_node_wait(tmp_path):
     nodes = [{"partition-id": i, "num-partitions": 4} for i in range(3)]
-    with pytest.raises(FederationError, match="num-supernodes=4.*only 3 of num-clients=4 nodes connected within node-wait=2 s"):
+    with pytest.raises(FederationError, match="num-supernodes=K.*only 3 of the federation's 4 nodes connected within "
+                                              "node-wait=2 s"):
         run(tmp_path, node_configs=nodes)
 
 

@@ -11,7 +11,7 @@ import torch
 
 from simulations.engine import Engine, EngineOptions, run_engine
 from simulations.engine.distributed import World, shard
-from simulations.engine.options import split_engine_keys
+from strategies.executors.options import split_engine_keys
 from tasks.config import RunConfig, parse_overrides
 from tasks.runs.results import load_weights, read_results
 

@@ -129,7 +129,8 @@ def test_identical_client_data_gives_no_correction(tmp_path, mlp_digits, monkeyp
 
 def test_a_client_whose_resample_failed_is_left_out(tmp_path, mlp_digits):
     def flaky(msg, context):
-        if msg.content["config"]["mode"] == RESAMPLE_MODE and context.node_config["partition-id"] == 1:
+        if msg.metadata.message_type == "train" and msg.content["config"].get("mode") == RESAMPLE_MODE \
+                and context.node_config["partition-id"] == 1:
             return Message(Error(code=0, reason="resample failed"), reply_to=msg)
         return client_app(msg, context)
 

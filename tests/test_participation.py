@@ -102,8 +102,8 @@ def test_strategy_select_hook_chooses_the_nodes_and_is_checked():
         CELGC(local_steps=1, lr=0.1, select=3)
 
 def test_watched_grid_expects_only_the_rounds_partitions():
-    watched = WatchedGrid(_Grid([]), min_nodes=1, node_wait=1.0)
-    watched.expect([], num_partitions=4)
+    watched = WatchedGrid(_Grid([]), min_clients=1, node_wait=1.0)
+    watched.expect([], num_clients=4)
     watched.expect_round([1, 3])
     assert set(watched.take_failures()) == {1, 3}  # neither answered: offline; 0 and 2 were not sampled
     assert set(watched.take_failures()) == {0, 1, 2, 3}  # the next round without a sample expects all

@@ -11,13 +11,13 @@ Files:
 
 * ``run.py`` -- the round loop, results (``tasks.runs``) and the CLI (``python -m simulations.engine``);
 * ``distributed.py`` -- process group, balanced sharding of clients, the one all-reduce;
-* ``options.py`` -- the ``engine-*`` switches and the ``--run-config`` parser;
 * ``progress.py`` -- the per-round progress display (rich).
 
 Nothing here imports flwr, ``server`` or ``client`` (an import contract checks it).
 """
 
-from .options import EngineOptions
+from strategies.executors.options import EngineOptions
+
 from .run import Engine, EngineResult, run_engine
 
 __all__ = ["Engine", "EngineOptions", "EngineResult", "run_engine"]

@@ -50,7 +50,8 @@ from torch import Tensor
 from strategies.algorithm import Algorithm, Exchange, RoundReport
 from strategies.algorithms import build
 from strategies.averaging import state_nbytes
-from strategies.executors import ClientGroup, SequentialClients, VmapClients
+from strategies.executors import ClientGroup, EngineOptions, SequentialClients, VmapClients, choose_executor
+from strategies.executors.options import split_engine_keys
 from strategies.participation import participants
 from strategies.reduce import ClientResults
 from tasks import cached_task, initial_model, partitions
@@ -63,7 +64,6 @@ from tasks.runs.recorder import RunRecorder
 from tasks.runs.run_folder import claim_run_folder
 
 from .distributed import World, all_reduce_sum, close_world, init_world, shard
-from .options import EngineOptions, split_engine_keys
 from .progress import RoundProgress
 
 log = logging.getLogger("simulations.engine")
@@ -134,48 +134,19 @@ class Engine:
     def _draw(self, pid: int, state: dict[str, Tensor] | None, **kw: Any):
         return draw_batches(self.task, self.parts[pid], state, partition_id=pid, device=self.device, **kw)
 
-    def _sequential(self) -> SequentialClients:
-        return SequentialClients(self.task.build_model, training_loss(self.task), len(self.clients), self.device,
-                                 count=self.count, streams=self.options.streams)
-
     def _choose_executor(self) -> VmapClients | SequentialClients:
-        o, name = self.options, self.cfg.algorithm
-        streams = " on one CUDA stream per client" if self.device.type == "cuda" and o.streams else ""
-        if not self.algorithm.vectorises:
-            if o.path == "vmap":
-                raise ValueError(f"engine-path=vmap does not run algorithm {name!r} (its local step reads values on "
-                                 "the host, so its clients run one after another): use engine-path=sequential or auto")
-            self.notes.append(f"path: sequential{streams} (algorithm {name} runs client by client)")
-            return self._sequential()
-        if o.path == "sequential":
-            self.notes.append(f"path: sequential{streams} (engine-path=sequential)")
-            return self._sequential()
-        if o.path == "auto" and getattr(self.model, "engine_vmap", True) is False:
-            self.notes.append(f"path: sequential{streams} ({type(self.model).__name__}.engine_vmap is False)")
-            return self._sequential()
-        if o.path == "auto" and self.device.type == "cpu":
-            self.notes.append("path: sequential (auto on the CPU: one client after another beats vmap's batched "
-                              "kernels there and is bit-identical to the ClientApp; engine-path=vmap vectorises)")
-            return self._sequential()
-        template = self.task.build_model().to(self.device)
-        runner = VmapClients(template, self.task.loss, len(self.clients), count=self.count, bf16=o.bf16,
-                             channels_last=o.channels_last, cuda_graphs=o.cuda_graphs, randomness=o.randomness)
-        runner.load(self.state)
-        lr, clip = self.algorithm.round_hparams(1)
-        probe = [next(iter(self._draw(pid, None, seed=self.cfg.seed, server_round=1, local_steps=self.cfg.local_steps,
-                                      batch_size=self.cfg.batch_size))) for pid in self.round_clients]
-        why = runner.probe(probe, self.cfg.hyper.step(lr, clip))
-        if why is None:
-            flags = [flag for flag, on in (("bf16", o.bf16), ("channels-last", o.channels_last),
-                                           ("cuda-graphs", o.cuda_graphs)) if on]
-            self.notes.append(f"path: vmap over {len(self.clients)} clients" + (f" ({', '.join(flags)})" if flags else ""))
-            return runner
-        if o.path == "vmap":
-            raise RuntimeError(f"engine-path=vmap but this model cannot run under torch.func.vmap: {why}")
-        if o.bf16 or o.channels_last or o.cuda_graphs:
-            log.warning("engine-bf16/channels-last/cuda-graphs apply to the vmap path only; ignored")
-        self.notes.append(f"path: sequential{streams} (vmap cannot take {type(self.model).__name__}: {why})")
-        return self._sequential()
+        def probe():
+            lr, clip = self.algorithm.round_hparams(1)
+            batches = [next(iter(self._draw(pid, None, seed=self.cfg.seed, server_round=1,
+                                            local_steps=self.cfg.local_steps, batch_size=self.cfg.batch_size)))
+                       for pid in self.round_clients]
+            return batches, self.cfg.hyper.step(lr, clip), self.state
+
+        executor, note = choose_executor(self.task.build_model, training_loss(self.task), self.task.loss,
+                                         len(self.clients), self.device, self.options, count=self.count,
+                                         method=self.algorithm, model=self.model, probe=probe)
+        self.notes.append(note)
+        return executor
 
     @property
     def path(self) -> str:

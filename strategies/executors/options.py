@@ -1,9 +1,10 @@
-"""The engine's own switches (``engine-*`` keys) and the ``--run-config`` override parser.
+"""How a backend runs its clients (``engine-*`` keys): the execution path and its switches.
 
 The run itself is the shared ``RunConfig`` (same TOML keys as ``flwr run``); these keys only
-choose HOW the engine executes it and never change the algorithm. They are given as
-``--run-config "engine-cuda-graphs=true ..."`` next to the run's keys and are split off
-before the ``RunConfig`` is built.
+choose HOW the clients of an engine process or of a multi-client SuperNode execute it and
+never change the method. The engine takes them as ``--run-config "engine-cuda-graphs=true
+..."`` next to the run's keys (``split_engine_keys`` splits them off before the ``RunConfig``
+is built); a ClientApp runs with the defaults (``auto``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def _key(name: str, doc: str, **kw: Any) -> Any:
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """How the engine runs the clients placed on one device."""
+    """How the clients placed on one device run (an engine process, a multi-client SuperNode)."""
 
     path: str = _key("engine-path", "auto, vmap or sequential; auto: on CUDA vmap when the model allows it, else "
                      "(and on the CPU) one client after another", default="auto")
