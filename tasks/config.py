@@ -54,7 +54,7 @@ class RunConfig:
 
     task: str = _key("task", "data set + model: digits (offline default), cifar10, ptb, wikitext2, shakespeare, or your own \"package.module:factory\"", default="digits")
     algorithm: str = _key("algorithm", "celgc, local-sgd (celgc with clip off), naive (parallel clipping, 1 step a round), episode (resampled corrections, one clip decision a round), single (one machine) or scaffold (control variates)", default="celgc")
-    num_clients: int = _key("num-clients", "N, clients training every round; 0: follow the federation (Flower's num-supernodes; 8 on the engine)", default=0)
+    num_clients: int = _key("num-clients", "N, the clients; fewer SuperNodes than N serve several each (Flower's 2: 4 each); 0: one per SuperNode (8 on the engine)", default=8)
     clients_per_round: int = _key("clients-per-round", "K, clients sampled (uniformly, from seed and round) to train in each round; 0: all num-clients (the paper)", default=0)
     num_rounds: int = _key("num-rounds", "communication rounds", default=20)
     local_steps: int = _hyper("local-steps")
@@ -76,7 +76,7 @@ class RunConfig:
     run_name: str = _key("run-name", "results sub-folder; empty: <task>-<algorithm>-I<local-steps>-<time>", default="")
     device: str = _key("device", "auto (CUDA when present), cpu or cuda", default="auto")
     eval_every: int = _key("eval-every", "central evaluation every k rounds (and after the last)", default=1)
-    node_wait: float = _key("node-wait", "seconds the server waits for num-clients nodes to connect", default=120.0)
+    node_wait: float = _key("node-wait", "seconds the server waits for the federation's nodes to connect", default=120.0)
     round_timeout: float = _key("round-timeout", "seconds the server waits for replies in a round", default=600.0)
     min_replies: int = _key("min-replies", "sound replies a round needs, else the run fails; 0: all num-clients", default=0)
     checkpoint_every: int = _key("checkpoint-every", "write <results-dir>/<run-name>/checkpoint.pt every k rounds (and after the last); 0: never", default=1)

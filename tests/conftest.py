@@ -140,13 +140,15 @@ class Runs:
 
         return load_weights(self.tmp_path / name / "model.pt"), read_results(self.tmp_path / name / "results.jsonl")
 
-    def flower(self, name: str, **overrides):
+    def flower(self, name: str, num_nodes: int | None = None, **overrides):
+        """The ServerApp and ClientApp on ``num_nodes`` in-process nodes (default: one per client;
+        fewer: each serves several)."""
         from client.app import app as client_app
         from server.app import app as server_app
         from simulations.loopback import LoopbackGrid, run_server_app
 
         values = self.values(name, **overrides)
-        grid = LoopbackGrid(client_app, values, values["num-clients"])
+        grid = LoopbackGrid(client_app, values, num_nodes or values["num-clients"])
         self.grids[name] = grid
         run_server_app(server_app, grid)
         return self.read(name)

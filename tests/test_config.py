@@ -101,6 +101,6 @@ def test_bad_clients_per_round_is_named(values, message):
 
 
 def test_follow_the_federation_checks_clients_per_round_once_resolved():
-    cfg = RunConfig.from_mapping({"clients-per-round": 5})  # num-clients 0: not known yet
+    cfg = RunConfig.from_mapping({"num-clients": 0, "clients-per-round": 5})  # 0: not known yet
     with pytest.raises(ValueError, match=r"clients-per-round \(5\) must be <= num-clients \(4\)"):
         cfg.with_clients(4)
