@@ -8,7 +8,10 @@ a small CNN with BatchNorm (so averaging of buffers is exercised), ~27k paramete
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -35,19 +38,33 @@ class DigitsCNN(nn.Module):
         return self.head(self.features(x))
 
 
+def _digits() -> tuple[np.ndarray, np.ndarray]:
+    """sklearn's digits (images [1797, 8, 8] of pixel values 0..16, labels), read from the file
+    inside the package -- what ``sklearn.datasets.load_digits`` reads, without importing
+    scikit-learn (measured: 0.03 s against 1.6 s, a part of every process's start)."""
+    spec = importlib.util.find_spec("sklearn")
+    path = Path(next(iter(spec.submodule_search_locations or []), "")) / "datasets" / "data" / "digits.csv.gz"
+    if spec is None or not path.is_file():  # another layout of the package: its own loader
+        from sklearn.datasets import load_digits
+
+        data = load_digits()
+        return data.images, data.target
+    with gzip.open(path, "rt") as f:
+        table = np.loadtxt(f, delimiter=",")
+    return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(int)
+
+
 @lru_cache(maxsize=1)
 def _split() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """sklearn's images (pixel values 0..16), labels and the fixed test mask."""
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    y = data.target.astype(np.int64)
+    images, target = _digits()
+    y = target.astype(np.int64)
     rng = np.random.default_rng(0)
     test = np.zeros(len(y), dtype=bool)
     for c in np.unique(y):
         idx = np.flatnonzero(y == c)
         test[rng.choice(idx, size=int(round(TEST_FRACTION * len(idx))), replace=False)] = True
-    return data.images, y, test
+    return images, y, test
 
 
 @lru_cache(maxsize=1)
