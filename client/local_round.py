@@ -12,7 +12,7 @@ and notebooks.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -73,11 +73,37 @@ def client_round(cfg: RunConfig, partition_id: int | Sequence[int], exchange: Ex
                                   batch_size=s.batch_size))) for p in pids]
         return batches, s.step, exchange.state
 
-    executor, _ = choose_executor(task.build_model, training_loss(task), task.loss, len(pids), device, EngineOptions(),
-                                  count=example_counter(task), method=method, probe=probe)
+    executor = _executor(task, len(pids), device, method, probe)
     group = ClientGroup(executor, pids, draw, seed=cfg.seed, task_states=states, memory=memories, base=cfg.hyper)
     group.load(exchange.state)
-    return method.client(exchange, group)
+    results = method.client(exchange, group)
+    # the executor lives on to the next exchange: the results must not be its modules' tensors
+    results.arrays = {name: _owned(arrays) for name, arrays in results.arrays.items()}
+    return results
+
+
+def _owned(arrays: Any) -> Any:
+    if isinstance(arrays, Mapping):
+        return {k: v.clone() for k, v in arrays.items()}
+    return [{k: v.clone() for k, v in state.items()} for state in arrays]
+
+
+#: a node's executors, kept from message to message (a simulated node's ClientApp lives on;
+#: every exchange loads the global model into it first): (task, clients, device, method) -> executor.
+#: The task itself is kept beside its executor, so a task built anew never meets another's model.
+_EXECUTORS: dict[tuple, tuple[Any, Any]] = {}
+
+
+def _executor(task: Any, n: int, device: torch.device, method: Any, probe: Any) -> Any:
+    key = (id(task), n, str(device), method.vectorises)
+    kept = _EXECUTORS.get(key)
+    if kept is None or kept[0] is not task:
+        if len(_EXECUTORS) >= 8:
+            _EXECUTORS.pop(next(iter(_EXECUTORS)))
+        executor = choose_executor(task.build_model, training_loss(task), task.loss, n, device, EngineOptions(),
+                                   count=example_counter(task), method=method, probe=probe)[0]
+        kept = _EXECUTORS[key] = (task, executor)
+    return kept[1]
 
 
 def train_round(cfg: RunConfig, partition_id: int, settings: RoundSettings, state: dict[str, torch.Tensor],
