@@ -23,7 +23,7 @@ from strategies.algorithms import method
 from strategies.averaging import state_nbytes
 from strategies.base import ClippedSGDStrategy, flower_strategy
 from strategies.participation import node_clients
-from tasks import cached_task, initial_model, partitions
+from tasks import cached_task, check_partitions, initial_model
 from tasks.config import RunConfig
 from tasks.device import pick_device
 from tasks.protocol import counts_rows, lr_scale_bound
@@ -189,16 +189,6 @@ def follow_federation(grid: Grid, cfg: RunConfig, poll: float = 0.1) -> RunConfi
     return cfg.replace(num_clients=num)
 
 
-def check_partitions(cfg: RunConfig) -> None:
-    """Fail before any round if the clients' data cannot hold the configured batches."""
-    sizes = [len(p) for p in partitions(cfg)]
-    if cfg.batch_size > min(sizes):
-        raise ValueError(
-            f"batch-size ({cfg.batch_size}) exceeds the smallest client's {min(sizes)} examples "
-            f"(partitioner {cfg.partitioner}, num-clients {cfg.num_clients}): lower batch-size or num-clients"
-        )
-
-
 def resume(cfg: RunConfig, folder: Path, strategy: object) -> Checkpoint | None:
     """resume=true: the checkpoint to continue from, its strategy state restored; None: round 0."""
     if not cfg.resume:
@@ -216,9 +206,18 @@ def resume(cfg: RunConfig, folder: Path, strategy: object) -> Checkpoint | None:
 def main(grid: Grid, context: Context) -> None:
     try:
         run(grid, RunConfig.from_mapping(dict(context.run_config)))
-    except FederationError as exc:
-        log(ERROR, "%s", exc)  # the fix first, before Flower's traceback
+    except Exception as exc:
+        log(ERROR, "%s %s", FAILED_MARK, one_line(exc))  # the cause (and fix) first, before Flower's traceback
         raise
+
+
+#: the line a failed run's log starts its cause with (``simulations.flower.RunFailed`` shows it first)
+FAILED_MARK = "CELGC run failed:"
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def run(grid: Grid, cfg: RunConfig) -> None:

@@ -10,8 +10,9 @@ the engine share (``tasks.runs``: results rows, checkpoints, run folders, evalua
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
@@ -92,3 +93,14 @@ def partitions(cfg: RunConfig) -> tuple[np.ndarray, ...]:
         return tuple(task.client_partitions(cfg))
     return tuple(partition(task.labels, cfg.num_clients, cfg.partitioner, cfg.seed,
                            similarity=cfg.similarity, alpha=cfg.dirichlet_alpha))
+
+
+def check_partitions(cfg: RunConfig, parts: Sequence[Any] | None = None) -> None:
+    """Fail before any round -- on every backend -- if a client's data cannot hold the
+    configured batches (``parts``: the clients' partitions, default ``partitions(cfg)``)."""
+    sizes = [len(p) for p in (parts if parts is not None else partitions(cfg))]
+    if sizes and cfg.batch_size > min(sizes):
+        raise ValueError(
+            f"batch-size ({cfg.batch_size}) exceeds the smallest client's {min(sizes)} examples "
+            f"(partitioner {cfg.partitioner}, num-clients {cfg.num_clients}): lower batch-size or num-clients"
+        )

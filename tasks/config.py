@@ -9,6 +9,7 @@ and the allowed range.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 import shlex
@@ -97,7 +98,9 @@ class RunConfig:
         fields = {f.metadata["key"]: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - set(fields))
         if unknown:
-            raise ValueError(f"unknown config key(s) {unknown}; known keys: {', '.join(fields)}")
+            close = {k: m[0] for k in unknown if (m := difflib.get_close_matches(k, list(fields), n=1, cutoff=0.7))}
+            hint = "".join(f" (did you mean {m!r} for {k!r}?)" for k, m in close.items())
+            raise ValueError(f"unknown config key(s) {unknown}{hint}; known keys: {', '.join(fields)}")
         kwargs = {fields[k].name: _coerce(k, fields[k].type, v) for k, v in values.items()}
         return cls(**kwargs)
 

@@ -94,6 +94,23 @@ def test_engine_runs_where_flwr_cannot_be_imported(tmp_path):
     assert (tmp_path / "noflwr" / "model.pt").is_file()
 
 
+@pytest.mark.parametrize(("override", "message"), [
+    ("local-step=4", "error: unknown config key(s) ['local-step'] (did you mean 'local-steps' for 'local-step'?)"),
+    ("batch-size=1000", "error: batch-size (1000) exceeds the smallest client's 179 examples"),
+])
+def test_the_engine_cli_names_a_bad_run_in_one_line_before_any_work(tmp_path, monkeypatch, capsys, override, message):
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", ["simulations.engine", "--config", str(ROOT / "pyproject.toml"), "--quiet",
+                                      "--run-config", f"{override} results-dir={tmp_path} run-name=bad"])
+    with pytest.raises(SystemExit) as info:
+        runpy.run_module("simulations.engine", run_name="__main__", alter_sys=True)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and "Traceback" not in err
+    assert not (tmp_path / "bad" / "results.jsonl").exists()
+
+
 def test_run_config_overrides_parse_like_flwr_run():
     values = parse_overrides(["lr=0.1 num-rounds=3 clip=off run-name='a b' lr-milestones=\"80,120\"",
                               "engine-bf16=true download=false"])

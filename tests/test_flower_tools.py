@@ -19,6 +19,7 @@ import pytest
 from server.deploy.cli_json import field, parse_cli_json
 from simulations.flower import format_overrides
 from simulations.flower.__main__ import main
+from simulations.flower.cli import prepare_run_config
 from simulations.flower.deploy import last_record
 from simulations.flower.local import find_local_superlinks, local_log_file
 from simulations.flower.processes import alive, process_tree, stop
@@ -54,6 +55,46 @@ def test_overrides_read_back_by_flwr() -> None:
     config = pytest.importorskip("flwr.common.config")
     values = {"a": 1, "b": 0.5, "c": True, "d": "x y", "e": "it's", "f": -2.5e-7, "g": float("inf")}
     assert config.parse_config_args(format_overrides(values)) == values
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_run_config_is_checked_against_the_apps_keys_before_submitting(tmp_path: Path, capsys) -> None:
+    # a misspelled key is named, with the close match and the known keys (flwr: "Invalid run configuration.")
+    with pytest.raises(ValueError, match=r"unknown run-config key 'local-step' \(did you mean 'local-steps'\?\): "
+                                         r"the app's \[tool.flwr.app.config\] has task, algorithm, .*local-steps"):
+        prepare_run_config(ROOT, ["num-rounds=2 local-step=4"])
+    with pytest.raises(ValueError, match="unknown run-config key 'zzz': "):
+        prepare_run_config(ROOT, {"zzz": 1})
+    with pytest.raises(ValueError, match="file 'nowhere.toml' does not exist"):
+        prepare_run_config(ROOT, ["nowhere.toml"])
+    # the wrapper says so and exits 2, before any SuperLink starts
+    assert main([str(ROOT), "--run-config", "local-step=4"]) == 2
+    assert "unknown run-config key 'local-step' (did you mean 'local-steps'?)" in capsys.readouterr().err
+
+
+def test_the_failure_cause_is_read_from_the_serverapps_log() -> None:
+    import server.app
+    from simulations.flower.cli import FAILED_MARK, RunFailed, failure_cause
+
+    assert FAILED_MARK == server.app.FAILED_MARK
+    line = server.app.one_line(ValueError("batch-size (1000) exceeds\n the smallest client's 179 examples"))
+    assert line == "ValueError: batch-size (1000) exceeds the smallest client's 179 examples"
+    log = f"INFO :      Starting\n\x1b[91mERROR \x1b[0m:     {FAILED_MARK} {line}\nTraceback (most recent call last):\n  x"
+    assert failure_cause(log) == f"{FAILED_MARK} {line}"
+    failed = RunFailed(7, "finished:failed", "Traceback ...", "ServerApp raised an exception", failure_cause(log))
+    assert str(failed).splitlines()[0] == f"{FAILED_MARK} {line}"
+    assert failure_cause("Traceback (most recent call last):") == ""
+
+
+def test_a_toml_file_and_overrides_are_merged_in_order(tmp_path: Path) -> None:
+    # flwr run refuses a file together with key=value pairs; the wrapper merges them, later items winning
+    preset = tmp_path / "preset.toml"
+    preset.write_text('num-rounds = 30\nlr = 0.1\ntask = "digits"\n')
+    items = prepare_run_config(ROOT, [str(preset), "num-rounds=2", "lr-milestones='5,8'"])
+    config = pytest.importorskip("flwr.common.config")
+    assert config.parse_config_args(items) == {"num-rounds": 2, "lr": 0.1, "task": "digits", "lr-milestones": "5,8"}
 
 
 def _start(argv: list[str], cwd: Path) -> tuple[subprocess.Popen, int]:

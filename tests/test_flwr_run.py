@@ -11,6 +11,7 @@ import torch
 
 from client.app import app as client_app
 from server.app import app as server_app
+from simulations.engine import run_engine
 from simulations.flower import LocalSuperLink, RunFailed, run_app
 from simulations.loopback import LoopbackGrid, run_server_app
 from tasks.config import RunConfig
@@ -45,12 +46,16 @@ def test_flwr_run_completes_and_matches_the_in_process_app(superlink, tmp_path):
 
 
 def test_federation_of_the_wrong_size_is_a_failed_run_with_the_fix(superlink, tmp_path):
+    # more nodes than clients (fewer are fine: a node then serves several)
     config = {**SMALL, "results-dir": str(tmp_path)}
     with pytest.raises(RunFailed) as info:
-        run_app(ROOT, config, {"num-supernodes": 2}, timeout=240, superlink=superlink)
+        run_app(ROOT, config, {"num-supernodes": 4}, timeout=240, superlink=superlink)
     assert info.value.status == "finished:failed"
     text = f"{info.value}\n{info.value.logs_tail}\n{info.value.details}"
-    assert "num-supernodes=3" in text
+    assert "num-supernodes=3" in text and "num-partitions=4" in text
+    # the one-line cause comes first (before Flower's traceback and the status line)
+    assert str(info.value).startswith('CELGC run failed: FederationError: run with --federation-config '
+                                      '"num-supernodes=3"')
 
 
 def test_flwr_run_carries_client_state_across_rounds(superlink, tmp_path, corpus):
@@ -75,11 +80,20 @@ def test_flwr_run_carries_client_state_across_rounds(superlink, tmp_path, corpus
     assert not torch.allclose(flower["encoder.weight"], loops["reset"]["encoder.weight"], rtol=0, atol=1e-6)
 
 
-def test_flwr_run_with_flowers_default_federation_follows_it(superlink, tmp_path):
-    # no num-clients, no federation config: Flower's 2 SuperNodes, and num-clients=0 follows them
+def test_plain_flwr_run_serves_the_default_clients_on_flowers_two_nodes(superlink, tmp_path):
+    """No num-clients, no federation config: the default 8 clients, 4 on each of Flower's 2
+    SuperNodes, give the engine's model and rows (the sequential path on both)."""
     config = {"num-rounds": 2, "local-steps": 2, "results-dir": str(tmp_path), "run-name": "defaults"}
     run = run_app(ROOT, config, None, timeout=240, superlink=superlink)
     assert run["status"] == "finished:completed"
     header, rows = read_results(tmp_path / "defaults" / "results.jsonl")
-    assert header["config"]["num-clients"] == 2 and rows[-1]["replies"] == 2
+    assert header["config"]["num-clients"] == 8 and rows[-1]["replies"] == 8
     assert rows[-1]["test-accuracy"] > rows[0]["test-accuracy"]
+    engine = run_engine(RunConfig.from_mapping({**config, "run-name": "engine"}), show_progress=False)
+    flower = load_weights(tmp_path / "defaults" / "model.pt")
+    assert flower.keys() == engine.state.keys()
+    for key in flower:
+        torch.testing.assert_close(flower[key], engine.state[key], rtol=0, atol=0)
+    _, engine_rows = read_results(tmp_path / "engine" / "results.jsonl")
+    for ours, theirs in zip(rows, engine_rows, strict=True):
+        assert ours.get("train-loss") == theirs.get("train-loss") and ours["test-accuracy"] == theirs["test-accuracy"]

@@ -85,6 +85,20 @@ def test_the_server_app_refuses_a_folder_that_holds_a_run(tmp_path):
     assert lines(tmp_path / "s") == before
 
 
+def test_a_run_that_did_not_finish_is_named_so_with_how_to_resume_or_start_fresh(tmp_path, monkeypatch):
+    crash_at(monkeypatch, 3)
+    with pytest.raises(Crash):
+        engine(tmp_path, "f")
+    monkeypatch.undo()
+    with pytest.raises(RunFolderError, match=r"that run did not finish \(it failed or was stopped: no model.pt; its "
+                                             r"results reach round 2\): resume it from its round-2 checkpoint with "
+                                             r"resume=true, or start it fresh with another run-name"):
+        engine(tmp_path, "f")
+    (tmp_path / "f" / "checkpoint.pt").unlink()
+    with pytest.raises(RunFolderError, match=r"has no checkpoint \(checkpoint-every=0\?\), so it cannot be resumed"):
+        engine(tmp_path, "f")
+
+
 def test_engine_killed_and_resumed_equals_uninterrupted_earlier_lines_kept(tmp_path, whole, monkeypatch):
     crash_at(monkeypatch, 3)
     with pytest.raises(Crash):

@@ -54,7 +54,7 @@ from strategies.executors import ClientGroup, EngineOptions, SequentialClients, 
 from strategies.executors.options import split_engine_keys
 from strategies.participation import participants
 from strategies.reduce import ClientResults
-from tasks import cached_task, initial_model, partitions
+from tasks import cached_task, check_partitions, initial_model, partitions
 from tasks.config import RunConfig, parse_overrides
 from tasks.device import pick_device
 from tasks.protocol import Task, draw_batches, example_counter, is_stateful, training_loss
@@ -99,6 +99,7 @@ class Engine:
         self.parts = list(parts if parts is not None else partitions(cfg))
         if len(self.parts) != cfg.num_clients:
             raise ValueError(f"{len(self.parts)} partitions for num-clients={cfg.num_clients}")
+        check_partitions(cfg, self.parts)  # before any work, as the ServerApp does
         self.algorithm: Algorithm = build(cfg.algorithm, cfg.hyper, train_size=self.task.train_size,
                                           population=cfg.num_clients, per_round=cfg.per_round)
         # this process's slots among the round's K participants (K = num-clients: slot = partition id)

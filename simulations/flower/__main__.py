@@ -57,9 +57,11 @@ def run_main(argv: Sequence[str]) -> int:
                 run = go(sl)
     except RunFailed as exc:
         print(exc, file=sys.stderr)
+        if exc.cause:  # again after the log's tail: the line a reader sees last
+            print(f"error: {exc.cause}", file=sys.stderr)
         print(json.dumps({"run-id": str(exc.run_id), "status": exc.status}))
         return 1
-    except (FlowerCliError, SuperLinkStartError) as exc:
+    except (FlowerCliError, SuperLinkStartError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if not ns.quiet:

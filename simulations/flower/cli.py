@@ -11,6 +11,7 @@ one parser, ``server.deploy.cli_json`` (also used by ``submit.sh``).
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
@@ -21,18 +22,22 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import tomllib
+
 from server.deploy.cli_json import parse_cli_json
+from tasks.config import parse_overrides
 
 from .processes import exe, stop, strip_ansi, tail
 from .superlink import LocalSuperLink, SuperLinkLike
 
 __all__ = ["STATUS_COMPLETED", "STATUS_FAILED", "STATUS_STOPPED", "FlowerCliError", "RunFailed", "RunTimeout",
-           "fetch_logs", "flwr_json", "format_overrides", "is_finished", "parse_cli_json", "run_app", "run_status",
-           "stop_run", "submit_run", "wait_for_run"]
+           "fetch_logs", "flwr_json", "format_overrides", "is_finished", "parse_cli_json", "prepare_run_config",
+           "run_app", "run_status", "stop_run", "submit_run", "wait_for_run"]
 
 STATUS_COMPLETED = "finished:completed"
 STATUS_FAILED = "finished:failed"
 STATUS_STOPPED = "finished:stopped"
+FAILED_MARK = "CELGC run failed:"  # server.app.FAILED_MARK (not imported: simulations.flower runs any app)
 _KEY_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -47,14 +52,24 @@ class FlowerCliError(RuntimeError):
 class RunFailed(RuntimeError):
     """A run finished with a status other than ``finished:completed``."""
 
-    def __init__(self, run_id: int, status: str, logs_tail: str = "", details: str = ""):
+    def __init__(self, run_id: int, status: str, logs_tail: str = "", details: str = "", cause: str = ""):
         self.run_id, self.status, self.logs_tail, self.details = run_id, status, logs_tail, details
-        msg = f"Flower run {run_id} ended with status {status!r}"
+        self.cause = cause or failure_cause(logs_tail)
+        msg = f"{self.cause}\n" if self.cause else ""
+        msg += f"Flower run {run_id} ended with status {status!r}"
         if details and details != "N/A":
             msg += f": {details}"
         if logs_tail:
             msg += f"\n--- last log lines ---\n{logs_tail}"
         super().__init__(msg)
+
+
+def failure_cause(logs: str) -> str:
+    """The one-line cause the ServerApp logged (``CELGC run failed: ...``), or ""."""
+    for line in reversed(strip_ansi(logs).splitlines()):
+        if FAILED_MARK in line:
+            return line[line.index(FAILED_MARK):].strip()
+    return ""
 
 
 class RunTimeout(RunFailed):
@@ -103,6 +118,52 @@ def format_overrides(config: Mapping[str, Any] | Sequence[str] | None) -> list[s
     return out
 
 
+def app_config_keys(app: Path) -> list[str]:
+    """The keys of the app's ``[tool.flwr.app.config]`` (tables flattened with dots, as flwr does)."""
+    data = tomllib.loads((app / "pyproject.toml").read_text())
+    table = data.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {})
+    return list(_flat(table))
+
+
+def _flat(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, Mapping):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def prepare_run_config(app: Path, run_config: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
+    """``--run-config`` items for ``flwr run``, checked against the app's keys before anything is
+    submitted. Sequences may mix TOML files and ``k=v`` strings (flwr refuses the mix: they are
+    merged here, later items winning); a key the app does not have is named with the close
+    matches and the known keys (flwr says only "Invalid run configuration")."""
+    if run_config is None:
+        return []
+    if isinstance(run_config, str):
+        run_config = [run_config]
+    if isinstance(run_config, Mapping):
+        values = dict(run_config)
+    else:
+        items = [str(item) for item in run_config]
+        missing = [i for i in items if "=" not in i and i.endswith(".toml") and not Path(i).is_file()]
+        if missing:
+            raise ValueError(f"--run-config file {missing[0]!r} does not exist")
+        values = {}
+        for item in items:
+            parsed = parse_overrides([item])
+            values.update(_flat(parsed) if "=" not in item else parsed)
+    known = app_config_keys(app)
+    unknown = [k for k in values if k not in known]
+    if unknown:
+        hints = "; ".join(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(
+            k, known, n=1, cutoff=0.7)) else "") for k in unknown)
+        raise ValueError(f"unknown run-config key {hints}: the app's [tool.flwr.app.config] has {', '.join(known)}")
+    return format_overrides(values)
+
+
 def run_cli(args: Sequence[str], superlink: SuperLinkLike, timeout: float) -> tuple[int, str, str]:
     """``flwr ARGS`` bounded by ``timeout``; (returncode, stdout, stderr)."""
     cmd = [*getattr(superlink, "command_prefix", ()), exe("flwr"), *args]
@@ -138,7 +199,8 @@ def submit_run(app_dir: str | os.PathLike[str], superlink: SuperLinkLike,
                federation_config: Mapping[str, Any] | Sequence[str] | None = None, timeout: float = 120.0) -> int:
     """``flwr run APP CONN --format json`` with overrides; the run id.
 
-    ``run_config`` keys must exist in the app's ``[tool.flwr.app.config]``.
+    ``run_config`` keys must exist in the app's ``[tool.flwr.app.config]`` (checked here first,
+    ``prepare_run_config``; TOML files and ``k=v`` strings may be mixed).
     ``federation_config`` (simulation): ``num-supernodes``, ``backend``,
     ``client-resources-num-cpus`` (int), ``client-resources-num-gpus`` (float), ``init-args-*``.
     """
@@ -146,7 +208,7 @@ def submit_run(app_dir: str | os.PathLike[str], superlink: SuperLinkLike,
     if not (app / "pyproject.toml").is_file():
         raise FileNotFoundError(f"no pyproject.toml in {app}")
     args = ["run", str(app), superlink.connection]
-    for item in format_overrides(run_config):
+    for item in prepare_run_config(app, run_config):
         args += ["--run-config", item]
     fed = format_overrides(federation_config)
     if fed:
@@ -238,9 +300,10 @@ def run_app(app_dir: str | os.PathLike[str], run_config: Mapping[str, Any] | Seq
     except RunTimeout as exc:
         stop_run(run_id, superlink, timeout=30.0)
         logs = fetch_logs(run_id, superlink, timeout=15.0)
-        raise RunTimeout(run_id, exc.status, tail(logs, log_tail_lines), exc.details) from None
+        raise RunTimeout(run_id, exc.status, tail(logs, log_tail_lines), exc.details, failure_cause(logs)) from None
     run["logs"] = fetch_logs(run_id, superlink, timeout=60.0) if fetch_log else ""
     status = str(run.get("status"))
     if status != STATUS_COMPLETED:
-        raise RunFailed(run_id, status, tail(run["logs"], log_tail_lines), str(run.get("status-details", "")))
+        raise RunFailed(run_id, status, tail(run["logs"], log_tail_lines), str(run.get("status-details", "")),
+                        failure_cause(run["logs"]))
     return run

@@ -42,6 +42,11 @@ class Namespaces:
     def client_ip(self, i: int) -> str:
         return f"{self.SUBNET}.{10 + i}"
 
+    def client_ifname(self, i: int) -> str:
+        """Host i's end of its veth (inside its namespace): the interface to name in
+        GLOO_SOCKET_IFNAME and the like, since a hostname resolves alike in every namespace."""
+        return f"cg{self.tag}h{i}"
+
     def prefix(self, ns: str) -> list[str]:
         return ["ip", "netns", "exec", ns]
 
@@ -60,7 +65,7 @@ class Namespaces:
         self._ip("addr", "add", f"{self.server_ip}/24", "dev", "br0", ns=self.server)
         self._ip("link", "set", "br0", "up", ns=self.server)
         for i, ns in enumerate(self.clients):
-            host_end, link_end = f"cg{self.tag}h{i}", f"cg{self.tag}l{i}"  # <= 15 characters
+            host_end, link_end = self.client_ifname(i), f"cg{self.tag}l{i}"  # <= 15 characters
             self._ip("link", "add", host_end, "type", "veth", "peer", "name", link_end)
             self._ip("link", "set", link_end, "netns", self.server)
             self._ip("link", "set", host_end, "netns", ns)

@@ -44,6 +44,34 @@ def remove_stale_temp_files(folder: str | Path) -> list[Path]:
     return removed
 
 
+def refusal(folder: Path, present: list[str]) -> str:
+    """Why a run without resume=true may not use ``folder``, and what to do: a finished run
+    (its ``model.pt`` written) is kept; one that did not finish (it failed or was stopped) can
+    be resumed from its checkpoint, or started fresh under another name."""
+    head = f"{folder} already holds a run ({', '.join(present)}); refusing to overwrite it"
+    if "model.pt" in present:
+        return f"{head}: continue it with resume=true, or choose another run-name (or results-dir)"
+    from .checkpoint import CheckpointError, _rows, load_checkpoint
+
+    rounds = [r["round"] for r in _rows(folder / "results.jsonl") if r.get("kind") == "round"]
+    reached = f"its results reach round {max(rounds)}" if rounds else "it wrote no round"
+    try:
+        ckpt = load_checkpoint(folder)
+    except CheckpointError as exc:
+        return (f"{head}: that run did not finish (no model.pt; {reached}) and its checkpoint is unreadable "
+                f"({exc}): start it fresh with another run-name (or results-dir), or delete the folder")
+    if ckpt is not None:
+        fix = f"resume it from its round-{ckpt.round} checkpoint with resume=true"
+    elif not any(r > 0 for r in rounds):
+        fix = "resume=true starts it again at round 0 in this folder (it has no checkpoint yet)"
+    else:
+        return (f"{head}: that run did not finish (it failed or was stopped: no model.pt; {reached}) and has no "
+                f"checkpoint (checkpoint-every=0?), so it cannot be resumed: start it fresh with another run-name "
+                f"(or results-dir), or delete the folder")
+    return (f"{head}: that run did not finish (it failed or was stopped: no model.pt; {reached}): {fix}, or start "
+            f"it fresh with another run-name (or results-dir), or delete the folder")
+
+
 @contextmanager
 def claim_run_folder(folder: str | Path, *, resume: bool) -> Iterator[Path]:
     """Own ``folder`` for the duration of the ``with`` block (see the module docstring)."""
@@ -60,9 +88,7 @@ def claim_run_folder(folder: str | Path, *, resume: bool) -> Iterator[Path]:
                 f"another run-name") from None
         present = holds_a_run(folder)
         if present and not resume:
-            raise RunFolderError(
-                f"{folder} already holds a run ({', '.join(present)}); refusing to overwrite it: continue it "
-                f"with resume=true, or choose another run-name (or results-dir)")
+            raise RunFolderError(refusal(folder, present))
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         remove_stale_temp_files(folder)
