@@ -25,6 +25,7 @@ from tasks.config import RunConfig
 from tasks.device import pick_device
 from tasks.protocol import is_stateful, state_to_cpu
 
+from .local_data import KEY as LOCAL_DATA
 from .local_data import local_data
 from .local_round import client_round
 
@@ -166,4 +167,6 @@ def query(msg: Message, context: Context) -> Message:
     """Report this node's partition settings, so the server can check the federation."""
     nc = context.node_config
     info = {k: nc[k] for k in ("partition-id", "num-partitions") if isinstance(nc.get(k), int)}
+    if LOCAL_DATA in nc:  # a host with its own data: one client, which may have no partition-id
+        info["own-data"] = 1
     return Message(content=RecordDict({"node": MetricRecord(info)}), reply_to=msg)

@@ -136,7 +136,7 @@ def _check_nodes(grid: Grid, cfg: RunConfig, nodes: list[int], partition_of: dic
                  sizes: dict[int, int] | None = None) -> None:
     """Check the nodes' reports: distinct partition ids, one federation size K <= num-clients."""
     sizes = {} if sizes is None else sizes
-    for node, info in _query(grid, nodes, cfg.node_wait).items():
+    for node, info in _query(grid, nodes, cfg.round_timeout).items():
         num = info.get("num-partitions")
         if isinstance(num, int) and not isinstance(num, bool):
             if num > cfg.num_clients:
@@ -153,6 +153,8 @@ def _check_nodes(grid: Grid, cfg: RunConfig, nodes: list[int], partition_of: dic
                     f"num-partitions={sizes[other]}, node {node} num-partitions={num}")
             sizes[node] = num
         pid = info.get("partition-id")
+        if pid is None and info.get("own-data") == 1 and not isinstance(num, int):
+            continue  # a host with its own data and no partition-id: one client, seeded by its data
         if pid is None:
             raise FederationError(
                 f"node config has no partition-id (node {node}): start every SuperNode with --node-config "
@@ -177,7 +179,7 @@ def follow_federation(grid: Grid, cfg: RunConfig, poll: float = 0.1) -> RunConfi
         if time.monotonic() > deadline:
             raise FederationError(f"no node connected within node-wait={cfg.node_wait:g} s (num-clients=0 follows them)")
         time.sleep(poll)
-    sizes = {int(info["num-partitions"]) for info in _query(grid, nodes, cfg.node_wait).values()
+    sizes = {int(info["num-partitions"]) for info in _query(grid, nodes, cfg.round_timeout).values()
              if isinstance(info.get("num-partitions"), int)}
     if len(sizes) != 1:
         raise FederationError(
@@ -244,8 +246,9 @@ def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path) -> None:
     watched = WatchedGrid(grid, min_clients=cfg.required_replies, node_wait=cfg.node_wait)
     nodes, spread = wait_for_federation(grid, cfg, partition_of=watched.partition_of)
     watched.expect(nodes, cfg.num_clients, spread)
-    # the round's clients (all, or the K sampled: the same on every backend) and the node serving each
-    strategy.assign = client_assignment(cfg, watched)
+    # the round's clients (all, or the K sampled: the same on every backend) and the node serving each;
+    # hosts with their own data and no partition-id are one client each, known by their node
+    strategy.assign = client_assignment(cfg, watched) if _all_named(cfg, watched, nodes, spread) else None
     strategy.min_train_nodes = strategy.min_available_nodes = fewest_nodes(watched, nodes, cfg.required_replies)
     recorder = RunRecorder(cfg, Evaluator(cfg, task, model, device), folder,
                            {"train-size": task.train_size, "model-bytes": state_nbytes(model.state_dict())},
@@ -277,6 +280,20 @@ def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path) -> None:
         final = result.arrays
     path = recorder.finish(final.to_torch_state_dict())
     log(INFO, "Final weights: %s | results: %s", path, recorder.path)
+
+
+def _all_named(cfg: RunConfig, grid: WatchedGrid, nodes: list[int], spread: int) -> bool:
+    """Whether every node has a partition id; hosts with their own data may have none, in a
+    federation of one node a client where every client trains every round."""
+    anonymous = [n for n in nodes if n not in grid.partition_of]
+    if anonymous and (cfg.per_round < cfg.num_clients or spread < cfg.num_clients):
+        raise FederationError(
+            f"give node(s) {anonymous} --node-config \"partition-id=i\" (a host with its own data then seeds its "
+            f"sampling like partition i), or run every client every round with one node each: they reported no "
+            f"partition-id, and "
+            f"clients-per-round={cfg.clients_per_round} and {spread} nodes for num-clients={cfg.num_clients} "
+            "sample and place clients by partition id")
+    return not anonymous
 
 
 def _name(label: int | str) -> str:

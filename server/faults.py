@@ -112,7 +112,7 @@ class WatchedGrid(Grid):
         elif now - self._short_since > self.node_wait:
             raise NotEnoughNodes(
                 f"only {len(nodes)} node(s) online for {self.node_wait:g} s (node-wait), serving "
-                f"{sum(len(self.clients_of(n)) for n in nodes)} clients; a round needs {self.min_clients} (min-replies); "
+                f"{sum(len(self.clients_of(n)) for n in nodes)} client(s); a round needs {self.min_clients} (min-replies); "
                 f"failed so far: {self.describe(self._failures) or 'none'}"
             )
         return nodes

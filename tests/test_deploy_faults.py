@@ -19,6 +19,7 @@ from deploy_support import DEPLOY_CONFIG, FaultyGrid, assert_same_weights, needs
 
 from client.app import app as client_app
 from client.local_data import export_partition, read_digits
+from server.app import FederationError
 from server.app import app as server_app
 from server.faults import NotEnoughNodes
 from simulations.flower.deploy import Deployment, Proc, last_record
@@ -68,7 +69,8 @@ class Vanishing(LoopbackGrid):
 
 
 def test_too_few_nodes_online_fail_after_node_wait(tmp_path):
-    with pytest.raises(NotEnoughNodes, match=r"only 1 node\(s\) online for 1 s \(node-wait\), a round needs 2"):
+    with pytest.raises(NotEnoughNodes, match=r"only 1 node\(s\) online for 1 s \(node-wait\), serving 1 client\(s\); "
+                                             r"a round needs 2 \(min-replies\)"):
         run(tmp_path, Vanishing, config={"min-replies": 2, "node-wait": 1.0})
 
 
@@ -93,6 +95,11 @@ def test_local_data_trains_like_the_simulated_partition(tmp_path):
     nodes[1] = {"local-data": str(site)}
     rows = run(tmp_path, name="anon", node_configs=nodes, failures={})
     assert rows[-1]["replies"] == 3 and rows[-1]["num-examples"] == 3 * 2 * 16
+    # sampling clients by partition id needs every node's: stop at the start, naming the node
+    with pytest.raises(FederationError, match=r"give node\(s\) \[1001\] --node-config \"partition-id=i\" .* "
+                                              r"clients-per-round=2 and 3 nodes for num-clients=3"):
+        run(tmp_path, name="sampled", node_configs=nodes, failures={}, config={"clients-per-round": 2})
+    assert not (tmp_path / "sampled" / "model.pt").exists()
 
 
 def test_local_data_files_are_checked_and_never_unpickled(tmp_path):
