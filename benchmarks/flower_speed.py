@@ -6,6 +6,11 @@ For each setting it runs the same run config three ways and prints one table:
   ``num-supernodes = num-clients``: one ClientApp call per client and exchange;
 * ``flwr run, multi-client nodes`` -- the same with Flower's default 2 SuperNodes: each node
   serves every 2nd client with one call of its executor (``client/app.py``);
+* ``deployment`` (``--deployment``) -- a real deployment on loopback (TLS, SuperNode
+  authentication, ``server/deploy/*.sh``): a SuperLink and 2 SuperNodes serving the clients,
+  the run submitted with ``submit.sh``; the ServerApp pulls the round's replies itself
+  (``server.faults.WatchedGrid``), not through ``HttpGrid.send_and_receive``, which sleeps 3 s
+  between pulls in flwr 1.42;
 * ``engine`` -- ``python -m simulations.engine``, no Flower.
 
 ``whole s``: from the start of the SuperLink (or of the engine's process) to the end of the
@@ -43,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from simulations.flower import LocalSuperLink, run_app  # noqa: E402
+from simulations.flower.deploy import Deployment  # noqa: E402
 from simulations.flower.processes import process_tree  # noqa: E402
 
 SETTINGS = {
@@ -105,6 +111,22 @@ def flwr(values: dict, nodes: int | None, work: Path, name: str) -> dict:
     return {"whole": whole, "round": per_round(rows), "peak": mem.peak, "rows": rows}
 
 
+def deployment(values: dict, work: Path, name: str, nodes: int = 2) -> dict:
+    t0 = time.monotonic()
+    with Deployment(work / f"deploy-{name}", num_keys=nodes) as d:
+        d.start_superlink()
+        for i in range(nodes):
+            d.register(i)
+            d.start_supernode(i, partition=i, num_partitions=nodes)
+        with PeakMemory(lambda: process_tree([p.pid for p in d.procs], tag=d.tag)) as mem:
+            code, out, run = d.submit({**values, "run-name": name}, 3000)
+        if code != 0:
+            raise RuntimeError(out[-3000:])
+        whole = time.monotonic() - t0
+    rows = rows_of(Path(values["results-dir"]) / name)
+    return {"whole": whole, "round": per_round(rows), "peak": mem.peak, "rows": rows}
+
+
 def engine(values: dict, name: str) -> dict:
     overrides = " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in {**values, "run-name": name}.items())
     t0 = time.monotonic()
@@ -131,6 +153,8 @@ def main() -> None:
     p.add_argument("--settings", default="default,n32,cross-device")
     p.add_argument("--rounds", type=int, default=0, help="override num-rounds (0: the setting's)")
     p.add_argument("--data-dir", default="data")
+    p.add_argument("--deployment", action="store_true",
+                   help="also run a loopback deployment (TLS, 2 SuperNodes; needs openssl) of each setting")
     p.add_argument("--cross-device-one-per-node", action="store_true",
                    help="also run the cross-device setting with 1,000 SuperNodes (slow)")
     args = p.parse_args()
@@ -148,6 +172,8 @@ def main() -> None:
         if setting != "cross-device" or args.cross_device_one_per_node:
             results["flwr run, 1 client a node"] = ("one", flwr(values, n, work, "one"))
         results["flwr run, multi-client nodes (2)"] = ("multi", flwr(values, None, work, "multi"))
+        if args.deployment:
+            results["deployment, 2 SuperNodes (TLS)"] = ("deployed", deployment(values, work, "deployed"))
         results["engine"] = ("engine", engine(values, "engine"))
         base = results["engine"][1]
         rounds = values.get("num-rounds", 20)

@@ -49,6 +49,26 @@ def test_secure_run_matches_the_simulation_and_refuses_strangers(tmp_path):
     assert [r["round"] for r in rows] == [0, 1, 2] and all(r["failed-nodes"] == [] for r in rows[1:])
 
 
+def test_a_host_serves_several_partitions_like_one_node_each(tmp_path):
+    """A silo: 2 SuperNodes (--num-partitions 2) serve the run's 4 clients, 2 each (node i:
+    clients i and i + 2, one executor call); the model is the one of 4 single-client nodes."""
+    reference = reference_run(tmp_path / "sim", **{"num-clients": 4})
+    results = tmp_path / "results"
+    with Deployment(tmp_path / "dep", num_keys=2) as d:
+        d.start_superlink()
+        for i in range(2):
+            d.register(i)
+            d.start_supernode(i, partition=i, num_partitions=2)
+        code, out, run = d.submit({**DEPLOY_CONFIG, "num-clients": 4, "results-dir": str(results),
+                                   "run-name": "silos"}, 240)
+        assert code == 0, out
+        assert run["status"] == "finished:completed"
+    assert d.leftover() == {}
+    assert_same_weights(results / "silos", reference)
+    _, rows = read_results(results / "silos" / "results.jsonl")
+    assert rows[-1]["replies"] == 4 and rows[-1]["failed-nodes"] == []
+
+
 def test_scripts_refuse_to_run_insecure_by_accident(tmp_path):
     def script(name, *args):
         return subprocess.run(["bash", str(DEPLOY / name), *args], capture_output=True, text=True, timeout=30,
