@@ -1,6 +1,6 @@
 """`flwr run` against the engine, side by side in one run: whole process, seconds a round, memory.
 
-For each setting it runs the same run config three ways and prints one table:
+For each setting it runs the same run config several ways and prints one table:
 
 * ``flwr run, 1 client a node`` -- a real simulation (private SuperLink, Ray) with
   ``num-supernodes = num-clients``: one ClientApp call per client and exchange;
@@ -11,6 +11,9 @@ For each setting it runs the same run config three ways and prints one table:
   the run submitted with ``submit.sh``; the ServerApp pulls the round's replies itself
   (``server.faults.WatchedGrid``), not through ``HttpGrid.send_and_receive``, which sleeps 3 s
   between pulls in flwr 1.42;
+* ``in process`` -- this project's ServerApp and ClientApp objects on 2 nodes in one process
+  (``simulations.loopback``): the same messages, checks and executors, no Flower transport
+  (no SuperLink, Ray or polling), so ``flwr run`` minus this is Flower's and Ray's share;
 * ``engine`` -- ``python -m simulations.engine``, no Flower.
 
 ``whole s``: from the start of the SuperLink (or of the engine's process) to the end of the
@@ -18,7 +21,7 @@ run as the user sees it (the run's status finished); ``s/round``: the training c
 results rows (``wall-clock``, evaluation excluded), first round to last, over the rounds;
 ``peak MiB``: the largest sum of the resident memory of the run's processes (SuperLink,
 simulation, Ray; or the engine), sampled every 0.25 s. Ratios are to the engine, measured in
-the same invocation. The models of the three must be identical (checked, bit for bit).
+the same invocation. Every way's model is compared with the engine's, bit for bit (the last column).
 
 Settings: ``default`` (pyproject: digits, N = 8, I = 8, 20 rounds), ``n32`` (N = 32, 10
 rounds), ``cross-device`` (after pfl-research's CIFAR-10 benchmark, arXiv 2404.06430:
@@ -127,11 +130,24 @@ def deployment(values: dict, work: Path, name: str, nodes: int = 2) -> dict:
     return {"whole": whole, "round": per_round(rows), "peak": mem.peak, "rows": rows}
 
 
+def in_process(values: dict, name: str, nodes: int = 2) -> dict:
+    """This project's ServerApp and ClientApp objects in one process (``simulations.loopback``):
+    every message of the round, its checks and the nodes' executors, without Flower's transport."""
+    code = ("import json, sys; from simulations.loopback import run_in_process; "
+            "run_in_process(json.loads(sys.argv[1]), int(sys.argv[2]))")
+    return timed([sys.executable, "-c", code, json.dumps({**values, "run-name": name}), str(nodes)], values, name)
+
+
 def engine(values: dict, name: str) -> dict:
     overrides = " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in {**values, "run-name": name}.items())
+    return timed([sys.executable, "-m", "simulations.engine", "--quiet", "--config", "pyproject.toml",
+                  "--run-config", overrides], values, name)
+
+
+def timed(cmd: list[str], values: dict, name: str) -> dict:
+    """One process of ``cmd``: whole seconds, s/round from its rows, peak memory."""
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "simulations.engine", "--quiet", "--config", "pyproject.toml",
-                             "--run-config", overrides], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     with PeakMemory(lambda: [proc.pid]) as mem:
         _, err = proc.communicate()
@@ -174,6 +190,7 @@ def main() -> None:
         results["flwr run, multi-client nodes (2)"] = ("multi", flwr(values, None, work, "multi"))
         if args.deployment:
             results["deployment, 2 SuperNodes (TLS)"] = ("deployed", deployment(values, work, "deployed"))
+        results["in process, 2 nodes (no transport)"] = ("inprocess", in_process(values, "inprocess"))
         results["engine"] = ("engine", engine(values, "engine"))
         base = results["engine"][1]
         rounds = values.get("num-rounds", 20)
