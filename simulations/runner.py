@@ -47,7 +47,8 @@ from typing import Any
 
 import tomllib
 
-from tasks.config import RunConfig, parse_overrides
+from tasks.config import RunConfig
+from tasks.overrides import parse_overrides
 
 from .summary import find_runs, load_run, print_table, summarize
 

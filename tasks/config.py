@@ -12,7 +12,6 @@ import dataclasses
 import difflib
 import math
 import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import tomllib
 
 from strategies.algorithms import METHODS, method
 from strategies.settings import DEFAULTS, Hyper
+
 
 TASKS = ("digits", "cifar10", "ptb", "wikitext2", "shakespeare")
 #: ``package.module:factory`` -- a task of your own (``tasks.custom``, README "Bring your own task")
@@ -266,25 +266,3 @@ def _validate(c: RunConfig) -> None:
                f"\"homogeneous\", got {c.partitioner!r} (similarity 0 already gives each client one region)")
 
 
-def _value(text: str) -> Any:
-    """A TOML value (``0.1``, ``true``, ``'digits'``, ``"80,120"``); bare words stay strings."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
-def parse_overrides(items: list[str] | None) -> dict[str, Any]:
-    """``["lr=0.1 task='digits'", "more.toml"]`` -> {key: value}: ``k=v`` pairs as for
-    ``flwr run --run-config``, or a flat TOML file of keys."""
-    out: dict[str, Any] = {}
-    for item in items or []:
-        if "=" not in item and item.endswith(".toml") and Path(item).is_file():
-            out.update(tomllib.loads(Path(item).read_text()))
-            continue
-        for pair in shlex.split(item):
-            key, sep, value = pair.partition("=")
-            if not sep or not key.strip():
-                raise ValueError(f"expected key=value pairs (as for flwr run --run-config), got {pair!r}")
-            out[key.strip()] = _value(value.strip())
-    return out

@@ -12,7 +12,8 @@ import torch
 from simulations.engine import Engine, EngineOptions, run_engine
 from simulations.engine.distributed import World, shard
 from strategies.executors.options import split_engine_keys
-from tasks.config import RunConfig, parse_overrides
+from tasks.config import RunConfig
+from tasks.overrides import parse_overrides
 from tasks.runs.results import load_weights, read_results
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -55,8 +55,9 @@ from strategies.executors.options import split_engine_keys
 from strategies.participation import participants
 from strategies.reduce import ClientResults
 from tasks import cached_task, check_partitions, initial_model, partitions
-from tasks.config import RunConfig, parse_overrides
+from tasks.config import RunConfig
 from tasks.device import pick_device
+from tasks.overrides import parse_overrides
 from tasks.protocol import Task, draw_batches, example_counter, is_stateful, training_loss
 from tasks.runs.checkpoint import Checkpoint, CheckpointError, resume_point
 from tasks.runs.evaluation import Evaluator

@@ -26,7 +26,7 @@ from typing import Any
 import tomllib
 
 from server.deploy.cli_json import parse_cli_json
-from tasks.config import parse_overrides
+from tasks.overrides import parse_overrides
 
 from .processes import exe, stop, strip_ansi, tail
 from .superlink import LocalSuperLink, SuperLinkLike
