@@ -219,6 +219,29 @@ def command():
     return run_command
 
 
+def matches_one_process(folder: Path, run_name: str, keys: dict) -> list[dict]:
+    """The engine run ``folder/run_name`` of 2 processes == the same ``keys`` in this one
+    (model to 1e-6, the same row keys, every loss to 1e-6); its rows."""
+    from simulations.engine import run_engine
+    from tasks.config import RunConfig
+    from tasks.runs.results import load_weights, read_results
+
+    one = run_engine(RunConfig.from_mapping({**keys, "run-name": "one"}), show_progress=False)
+    states_close(load_weights(folder / run_name / "model.pt"), one.state, 1e-6)
+    header, rows = read_results(folder / run_name / "results.jsonl")
+    assert header["world-size"] == 2 and header["backend"] == "engine"
+    _, one_rows = read_results(folder / "one" / "results.jsonl")
+    assert [list(r) for r in rows] == [list(r) for r in one_rows]
+    assert [r["train-loss"] for r in rows[1:]] == pytest.approx([r["train-loss"] for r in one_rows[1:]], rel=1e-6)
+    return rows
+
+
+@pytest.fixture
+def one_process():
+    """``one_process(folder, run_name, keys)``: a 2-process engine run equals one process (``matches_one_process``)."""
+    return matches_one_process
+
+
 @pytest.fixture
 def close():
     """``close(a, b, atol)``: two states agree within ``atol`` (same keys of ``b``, same dtypes)."""

@@ -46,12 +46,10 @@ from pathlib import Path
 import pytest
 from deploy_support import netns_list
 
-from simulations.engine import run_engine
 from simulations.flower import format_overrides
 from simulations.flower.netns import Namespaces
 from simulations.flower.processes import TAG_VAR, bin_dir, exe, live_pids, process_tree, stop, tail
-from tasks.config import RunConfig
-from tasks.runs.results import load_weights, read_results
+from tasks.runs.results import read_results
 
 REASON = Namespaces.unavailable_reason()
 pytestmark = [pytest.mark.realproc,
@@ -186,7 +184,7 @@ def wait_all(procs: list[subprocess.Popen], timeout: float, sample=None) -> floa
     return time.monotonic() - start
 
 
-def test_torchrun_on_two_hosts_gives_the_one_process_result(tmp_path, close):
+def test_torchrun_on_two_hosts_gives_the_one_process_result(tmp_path, one_process):
     """3 clients on 2 hosts (2 + 1) vs all 3 in one process, as
     test_two_gloo_processes_give_the_one_process_result on one host."""
     keys = {"num-clients": 3, "num-rounds": 2, "local-steps": 3, "batch-size": 16, "device": "cpu",
@@ -209,15 +207,10 @@ def test_torchrun_on_two_hosts_gives_the_one_process_result(tmp_path, close):
     assert hosts.leftover == {}
     assert hosts.ns.tag not in netns_list()
 
-    one = run_engine(RunConfig.from_mapping({**keys, "run-name": "one"}), show_progress=False)
-    close(load_weights(tmp_path / "two" / "model.pt"), one.state, 1e-6)
-    header, rows = read_results(tmp_path / "two" / "results.jsonl")
-    assert header["world-size"] == 2 and header["backend"] == "engine"
-    _, one_rows = read_results(tmp_path / "one" / "results.jsonl")
-    assert [list(r) for r in rows] == [list(r) for r in one_rows]
-    assert [r["round"] for r in rows] == [r["round"] for r in one_rows] == [0, 1, 2]
+    rows = one_process(tmp_path, "two", keys)
+    model_bytes = read_results(tmp_path / "two" / "results.jsonl")[0]["model-bytes"]
+    assert [r["round"] for r in rows] == [0, 1, 2]
     assert rows[-1]["replies"] == 3 and rows[-1]["num-steps"] == 9
-    assert rows[-1]["train-loss"] == pytest.approx(one_rows[-1]["train-loss"], rel=1e-6)
 
     # Across the veths: host 1 joined the rendezvous store on host 0 from its own address, the
     # hosts took ranks 0 and 1 by address, host 0's veth address the MASTER_ADDR, and each sent
@@ -227,8 +220,8 @@ def test_torchrun_on_two_hosts_gives_the_one_process_result(tmp_path, close):
     for r in range(2):  # torchrun's INFO lines (LOGLEVEL=INFO): "Rendezvous complete for workers. Result: ..."
         for line in (f"master_addr={hosts.ip(0)}", f"group_rank={r}", "group_world_size=2"):
             assert re.search(rf"\]\s+{line}$", rank_lines[r], re.M), f"{line}\n{rank_lines[r][-3000:]}"
-    assert min(sent) > keys["num-rounds"] * header["model-bytes"], sent
-    print(f"two-host torchrun: {took:.0f} s; veth tx bytes {sent}, model {header['model-bytes']} bytes")
+    assert min(sent) > keys["num-rounds"] * model_bytes, sent
+    print(f"two-host torchrun: {took:.0f} s; veth tx bytes {sent}, model {model_bytes} bytes")
 
 
 def ray_nodes(hosts: TwoHosts, address: str) -> int:
