@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from simulations.flower import STATUS_COMPLETED, STATUS_FAILED, LocalSuperLink, RunFailed, format_overrides, run_app
+from simulations.flower import STATUS_COMPLETED, STATUS_FAILED, LocalSuperLink, RunFailed, cli, format_overrides, run_app
 from simulations.flower.processes import process_tree
 
 pytest.importorskip("flwr")
@@ -135,8 +135,10 @@ def test_format_overrides() -> None:
         format_overrides({"a": [1, 2]})
 
 
-def test_successful_run_is_completed(app_dir: Path, superlink: LocalSuperLink, tmp_path: Path) -> None:
+def test_successful_run_is_completed(app_dir: Path, superlink: LocalSuperLink, tmp_path: Path, monkeypatch) -> None:
     out = tmp_path / "out dir"  # absolute path with a space, via run config
+    # the log comes from the one stream that followed the run, not from a second fetch
+    monkeypatch.setattr(cli, "fetch_logs", lambda *a, **k: pytest.fail("the log was fetched again"))
     run = run_app(
         app_dir,
         {"out-dir": str(out)},

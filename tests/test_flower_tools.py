@@ -60,6 +60,12 @@ def test_overrides_read_back_by_flwr() -> None:
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def test_the_wrapper_starts_without_torch() -> None:
+    """The flwr wrappers read their overrides with the standard library (torch: 2.7 s a start)."""
+    code = "import sys, simulations.flower.__main__; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=Path(__file__).resolve().parents[1])
+
+
 def test_run_config_is_checked_against_the_apps_keys_before_submitting(tmp_path: Path, capsys) -> None:
     # a misspelled key is named, with the close match and the known keys (flwr: "Invalid run configuration.")
     with pytest.raises(ValueError, match=r"unknown run-config key 'local-step' \(did you mean 'local-steps'\?\): "
