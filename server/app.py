@@ -22,6 +22,7 @@ from flwr.supercore import log
 from strategies.algorithms import method
 from strategies.averaging import state_nbytes
 from strategies.base import ClippedSGDStrategy, flower_strategy
+from strategies.buffers import buffer_rules
 from strategies.participation import node_clients
 from tasks import cached_task, check_partitions, initial_model
 from tasks.config import RunConfig
@@ -52,13 +53,14 @@ def strategy_metrics_only(records: list[RecordDict], weighted_by_key: str) -> Me
 def build_strategy(cfg: RunConfig, train_size: int, **reply_checks: Any) -> ClippedSGDStrategy:
     """The Flower strategy of the method named by ``algorithm``, every setting from the config
     (``strategies.base.flower_strategy``: the same arguments for every method).
-    ``reply_checks``: ``verify_examples``, ``bound_keys``, ``max_lr_scale`` (``reply_checks``).
+    ``reply_checks``: ``verify_examples``, ``bound_keys``, ``max_lr_scale``, ``buffer_rules`` (``reply_checks``).
     """
     h = cfg.hyper
     return flower_strategy(method(cfg.algorithm))(
         **reply_checks,
         local_steps=h.local_steps, lr=h.lr, clip=h.clip, batch_size=h.batch_size, weight_decay=h.weight_decay,
         momentum=h.momentum, lr_decay=h.lr_decay, lr_milestones=h.lr_milestones, aggregation=h.aggregation,
+        trim_fraction=h.trim_fraction,
         train_size=train_size, population=cfg.num_clients or None, exchange_timeout=cfg.round_timeout,
         num_clients=cfg.per_round or None, fraction_train=1.0, fraction_evaluate=0.0,  # 0: not yet resolved
         # every online node trains; a round needs min-replies of them (fault tolerance)
@@ -70,10 +72,11 @@ def build_strategy(cfg: RunConfig, train_size: int, **reply_checks: Any) -> Clip
 def reply_checks(task: object, model: torch.nn.Module) -> dict[str, Any]:
     """What the server checks in every reply beyond its structure: the example count (the
     server knows it: local-steps x batch-size rows), the clipping bound on the trainable
-    parameters, the task's largest lr scale (``strategies.bound``, docs/DEPLOY.md)."""
+    parameters, the task's largest lr scale (``strategies.bound``, docs/DEPLOY.md), the model's
+    BatchNorm layers (``strategies.buffers``: counters and variance floors)."""
     return {"verify_examples": counts_rows(task),
             "bound_keys": [k for k, p in model.named_parameters() if p.requires_grad],
-            "max_lr_scale": lr_scale_bound(task)}
+            "max_lr_scale": lr_scale_bound(task), "buffer_rules": buffer_rules(model)}
 
 
 def wait_for_federation(grid: Grid, cfg: RunConfig, poll: float = 0.1,

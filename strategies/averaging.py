@@ -15,7 +15,12 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-AGGREGATIONS = ("uniform", "examples")
+from .robust import ROBUST
+
+#: the weighted means: uniform (the paper) or by examples
+WEIGHTED = ("uniform", "examples")
+#: every ``aggregation``: the weighted means and the robust statistics (``strategies.robust``)
+AGGREGATIONS = WEIGHTED + ROBUST
 
 
 #: the end of ``check_state``'s reason for a non-finite tensor (a diverged client, not a malformed reply)
@@ -27,8 +32,8 @@ def client_weights(num_examples: Sequence[float], aggregation: str, key: str = "
 
     The weights may be any real numbers >= 0 with a positive sum (examples, or a user's own
     weights such as 0.25, 0.4, 0.35)."""
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}")
+    if aggregation not in WEIGHTED:
+        raise ValueError(f"aggregation must be one of {', '.join(WEIGHTED)}, got {aggregation!r}")
     if not num_examples:
         raise ValueError("no client results to average")
     if aggregation == "uniform":

@@ -32,6 +32,7 @@ from flwr.supercore import log
 from .algorithm import Algorithm
 from .algorithms import CELGC as CELGCMethod
 from .averaging import NON_FINITE
+from .buffers import Norm
 from .reduce import ClientResults
 from .round import Exchange, Round, RoundReport
 from .sampling import Assign, Select, sample
@@ -39,6 +40,12 @@ from .schedule import global_epoch, scheduled
 from .screen import Checks, screen
 from .settings import DEFAULTS, OWNED_KEYS, Hyper
 from .wire import Reply, messages
+
+#: the Strategy methods that run a round: a class mixing in another strategy's version of one is refused
+ROUND_HOOKS = ("configure_train", "aggregate_train", "configure_evaluate", "aggregate_evaluate", "start")
+#: Flower's robust strategies and the ``aggregation`` that computes the same here
+ROBUST_EQUIVALENT = {"FedMedian": "aggregation=\"median\"",
+                     "FedTrimmedAvg": "aggregation=\"trimmed-mean\", trim_fraction=beta"}
 
 #: CELGC's own client metrics: a reply with neither comes from a ClientApp that does not run local clipped SGD
 OWN_METRICS = ("num-steps", "clip-fraction")
@@ -64,8 +71,12 @@ class ClippedSGDStrategy(FedAvg):
         from the clients actually sampled in each round.
     train_size : int, optional
         Training-set size (all clients together), to count global epochs.
-    aggregation : {"uniform", "examples"} (default: "uniform")
-        Uniform mean (the paper) or weighted by each reply's ``weighted_by_key`` value.
+    aggregation : {"uniform", "examples", "median", "trimmed-mean"} (default: "uniform")
+        Uniform mean (the paper), weighted by each reply's ``weighted_by_key`` value, or a
+        coordinate-wise robust statistic of the sound replies (``strategies.robust``: after
+        the reply checks and the bound; what Flower's FedMedian and FedTrimmedAvg compute).
+    trim_fraction : float (default: 0.2, Flower's FedTrimmedAvg beta)
+        beta of ``aggregation="trimmed-mean"``: floor(beta n) values dropped at each end.
     num_clients : int, optional
         Clients sampled per round: exactly ``num_clients`` once that many nodes are
         connected (at least ``min_train_nodes``, which defaults to ``num_clients``: the
@@ -86,6 +97,12 @@ class ClippedSGDStrategy(FedAvg):
     max_lr_scale : float (default: 1.0)
         The largest per-step lr scale an honest client uses (batches' ``lr_scale``);
         ``math.inf`` turns the displacement bound off.
+    buffer_rules : sequence of strategies.buffers.Norm, optional
+        The model's BatchNorm layers (``strategies.buffers.buffer_rules(model)``): each reply's
+        ``num_batches_tracked`` must be the global count plus the exchange's local steps and its
+        ``running_var`` at least what those steps leave of the global one. None: layers known by
+        their buffers' names, only ``running_var >= 0`` checked (a foreign client may take any
+        number of forwards). Integer buffers beyond +-2**53 are rejected either way.
     select : callable, optional
         ``select(server_round, node_ids) -> node_ids``: which of the connected nodes
         (sorted ids, at least ``min_available_nodes`` of them, waited for) train in the
@@ -117,6 +134,28 @@ class ClippedSGDStrategy(FedAvg):
     #: the method this strategy runs
     algorithm_class: ClassVar[type[Algorithm]] = CELGCMethod
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse a class that mixes in another Flower strategy's rounds: with this class first
+        in the MRO the other's aggregation is silently never called (``class X(CELGC,
+        FedMedian)`` averages), with it first this class's reply checks and bound are dropped.
+        A robust aggregation is this class's ``aggregation=`` argument instead."""
+        super().__init_subclass__(**kwargs)
+        for base in cls.__mro__:
+            if issubclass(base, ClippedSGDStrategy) or base in (FedAvg, *FedAvg.__mro__):
+                continue
+            hooks = sorted(h for h in ROUND_HOOKS if h in vars(base))
+            if hooks:
+                use = ROBUST_EQUIVALENT.get(base.__name__)
+                fix = (f"pass {use} to the clipped-SGD strategy instead (e.g. CELGC(..., {use})): it aggregates "
+                       "robustly after the reply checks and the bound" if use else
+                       "subclass the clipped-SGD strategy alone; its robust aggregations are aggregation=\"median\" "
+                       "and aggregation=\"trimmed-mean\"")
+                raise TypeError(
+                    f"{cls.__name__} mixes {base.__name__} into a clipped-SGD strategy: {base.__name__}'s "
+                    f"{', '.join(hooks)} and the clipped-SGD rounds cannot both run (whichever comes first in the MRO "
+                    f"wins: the other's aggregation is silently skipped, or the reply checks and the bound are "
+                    f"dropped); {fix}")
+
     def __init__(
         self,
         lr: float,
@@ -128,10 +167,12 @@ class ClippedSGDStrategy(FedAvg):
         lr_milestones: Sequence[float] = DEFAULTS.lr_milestones,
         train_size: int | None = None,
         aggregation: str = DEFAULTS.aggregation,
+        trim_fraction: float = DEFAULTS.trim_fraction,
         num_clients: int | None = None,
         verify_examples: bool = False,
         bound_keys: Sequence[str] | None = None,
         max_lr_scale: float = 1.0,
+        buffer_rules: Sequence[Norm] | None = None,
         select: Select | None = None,
         assign: Assign | None = None,
         local_steps: int = DEFAULTS.local_steps,
@@ -158,13 +199,15 @@ class ClippedSGDStrategy(FedAvg):
                 raise ValueError(message)
         hyper = Hyper.from_arguments(local_steps=local_steps, batch_size=batch_size, lr=float(lr), clip=float(clip),
                       weight_decay=float(weight_decay), momentum=float(momentum), lr_decay=float(lr_decay),
-                      lr_milestones=tuple(float(m) for m in lr_milestones), aggregation=aggregation)
+                      lr_milestones=tuple(float(m) for m in lr_milestones), aggregation=aggregation,
+                      trim_fraction=trim_fraction)
         self.num_clients = num_clients
         self.algorithm = self.algorithm_class(hyper, train_size=train_size, population=population,
                                               per_round=self.clients_per_round())
         self.verify_examples = verify_examples
         self.bound_keys = list(bound_keys) if bound_keys is not None else None
         self.max_lr_scale = float(max_lr_scale)
+        self.buffer_rules = tuple(buffer_rules) if buffer_rules is not None else None
         self.select = select
         self.assign = assign
         self.exchange_timeout = exchange_timeout
@@ -189,6 +232,7 @@ class ClippedSGDStrategy(FedAvg):
     lr_decay = property(lambda self: self.hyper.lr_decay)
     lr_milestones = property(lambda self: self.hyper.lr_milestones)
     aggregation = property(lambda self: self.hyper.aggregation)
+    trim_fraction = property(lambda self: self.hyper.trim_fraction)
     train_size = property(lambda self: self.algorithm.train_size)
     local_steps = property(lambda self: self.algorithm.local_steps)
 
@@ -203,7 +247,9 @@ class ClippedSGDStrategy(FedAvg):
             h.lr, "off" if not h.clipping else f"{h.clip:g}", h.weight_decay, h.momentum)
         log(INFO, "\t│\t├── schedule: x%g at global epochs %s (train size %s)",
             h.lr_decay, list(h.lr_milestones), self.train_size)
-        log(INFO, "\t│\t├── aggregation: %s | clients per round: %s", h.aggregation, self.num_clients or "all")
+        log(INFO, "\t│\t├── aggregation: %s | clients per round: %s",
+            h.aggregation + (f" (trim-fraction {h.trim_fraction:g})" if h.aggregation == "trimmed-mean" else ""),
+            self.num_clients or "all")
         log(INFO, "\t│\t└── non-finite, mis-shaped or out-of-bound replies are rejected")
         super().summary()
 
@@ -367,7 +413,8 @@ class ClippedSGDStrategy(FedAvg):
         else:  # every client of a node without a usable reply
             answered = {m.metadata.src_node_id for m in ok}
             rnd.fail(sum(len(ps) for node, ps in holders.items() if node not in answered))
-        checks = Checks(self.weighted_by_key, self.verify_examples, self.bound_keys, self.max_lr_scale)
+        checks = Checks(self.weighted_by_key, self.verify_examples, self.bound_keys, self.max_lr_scale,
+                        self.buffer_rules)
         out = screen(rnd, exchange, ok, self.algorithm, checks, holders)
         for r in out.rejected:
             who = f"node {r.node}" if holders is None else f"client {r.node}"

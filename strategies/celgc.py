@@ -36,7 +36,7 @@ class CELGC(ClippedSGDStrategy):
     local_steps : int
         I, local steps per round (>= 1).
     lr, clip, batch_size, weight_decay, momentum, lr_decay, lr_milestones, train_size,
-    aggregation, num_clients, **fedavg_kwargs
+    aggregation, trim_fraction, num_clients, **fedavg_kwargs
         As for :class:`strategies.base.ClippedSGDStrategy`.
     """
 

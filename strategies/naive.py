@@ -37,7 +37,7 @@ class NaiveParallelClip(ClippedSGDStrategy):
     Parameters
     ----------
     lr, clip, batch_size, weight_decay, momentum, lr_decay, lr_milestones, train_size,
-    aggregation, num_clients, **fedavg_kwargs
+    aggregation, trim_fraction, num_clients, **fedavg_kwargs
         As for :class:`strategies.base.ClippedSGDStrategy`; there are no local steps (I = 1).
     """
 

@@ -8,6 +8,8 @@ many): sum-then-finalise (``strategies.averaging``), in float64, cast back by
   not counted among the replies);
 * the average is sum_i w_i x_i over the sound clients with w_i = 1/N (``uniform``, N the
   clients asked) or their weights (``examples``), renormalised over the sound clients;
+* ``median`` / ``trimmed-mean`` (``strategies.robust``) replace that sum by the statistic of
+  the sound clients' values, coordinate by coordinate (the weights ignored);
 * the round's client metrics are ``strategies.client_metrics``' (per-client table, sums,
   finish); per-client scalars (e.g. naive's ``lr-scale``) are averaged uniformly.
 
@@ -27,6 +29,7 @@ from torch import Tensor
 
 from .averaging import AGGREGATIONS, finalize
 from .client_metrics import COLUMNS, SUMS_WIDTH, finish_metrics, metric_sums, row_metrics
+from .robust import ROBUST, aggregate
 
 #: the clients' tensors of one group: stacked ({key: [n, ...]}) or one mapping per client
 ClientArrays = Mapping[str, Tensor] | Sequence[Mapping[str, Tensor]]
@@ -119,6 +122,8 @@ def factors(results: ClientResults, aggregation: str, expected: int) -> Tensor:
     """Unnormalised averaging weight of each client: 1/N (uniform) or its weight (examples)."""
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}")
+    if aggregation in ROBUST:  # the weights only tell sound clients (>0) from none; the statistic ignores them
+        return torch.ones(len(results), dtype=torch.float64, device=results.table.device)
     if aggregation == "uniform":
         return torch.full((len(results),), 1.0 / max(expected, 1), dtype=torch.float64, device=results.table.device)
     return results.weights.to(torch.float64)
@@ -164,6 +169,18 @@ class _Group:
                                 for s in self.states])
         return torch.ones(self.n, dtype=torch.bool, device=self.device)
 
+    def rows(self, ok: Tensor) -> Tensor:
+        """The clients' values as one float64 matrix [n, P], zero where a client is not ``ok``
+        (what a robust statistic and the gather across processes work on)."""
+        if self.matrix is not None:
+            matrix = self.matrix
+        elif self.states is not None:
+            matrix = torch.stack([torch.cat([s[k].detach().to(self.device).reshape(-1).to(torch.float64)
+                                             for k in self.like]) for s in self.states])
+        else:
+            return torch.zeros(self.n, self.size, dtype=torch.float64, device=self.device)
+        return torch.where(ok[:, None], matrix, torch.zeros_like(matrix))
+
     def weighted_sum(self, w: Tensor, ok: Tensor) -> Tensor:
         """sum_i w_i x_i over the sound clients ``ok``, one float64 vector."""
         if self.matrix is not None:
@@ -180,13 +197,17 @@ class _Group:
 
 def mean(results: ClientResults, like: Mapping[str, Mapping[str, Tensor]], *, aggregation: str, expected: int,
          all_reduce: AllReduce | None = None, reject_nonfinite: bool = True,
-         sums: Mapping[str, float] | None = None) -> Mean:
+         sums: Mapping[str, float] | None = None, trim_fraction: float = 0.0, population: int | None = None) -> Mean:
     """Average the groups named by ``like`` (group -> the keys, shapes and dtypes of its
     average) over the sound clients of every process, with ONE ``all_reduce``.
 
     ``expected``: the clients asked in the exchange (all processes): the uniform weight is
     1/expected, renormalised over the sound ones. ``sums``: this process's counters (bytes,
-    clients) to add over all processes in the same collective."""
+    clients) to add over all processes in the same collective. A robust ``aggregation``
+    (``strategies.robust``: ``median``, ``trimmed-mean`` with ``trim_fraction``) takes the
+    statistic of the sound clients' rows instead of their weighted sum; across processes the
+    rows travel in the same all-reduce, each process writing its clients' rows at their ids
+    (``population``: the number of client ids, needed then)."""
     sums = dict(sums or {})
     device = results.table.device
     n = len(results)
@@ -196,7 +217,19 @@ def mean(results: ClientResults, like: Mapping[str, Mapping[str, Tensor]], *, ag
         for group in groups:
             ok &= group.finite()
     w = torch.where(ok, factors(results, aggregation, expected), torch.zeros(n, dtype=torch.float64, device=device))
-    parts = [group.weighted_sum(w, ok) for group in groups]
+    robust = aggregation in ROBUST
+    if not robust:
+        parts = [group.weighted_sum(w, ok) for group in groups]
+    else:
+        rows = torch.cat([group.rows(ok) for group in groups] + [ok.to(torch.float64)[:, None]], 1)  # [n, P + 1]
+        if all_reduce is not None:  # gathered by the sum: every process writes its clients' rows at their ids
+            if population is None or any(not 0 <= i < population for i in results.ids):
+                raise ValueError(f"a robust aggregation across processes needs the population of client ids, got "
+                                 f"{population!r} for ids {results.ids}")
+            placed = torch.zeros(population, rows.shape[1], dtype=torch.float64, device=device)
+            placed[torch.tensor(results.ids, dtype=torch.long, device=device)] = rows
+            rows = placed
+        parts = [rows.reshape(-1)]
     scalars = sorted(results.scalars)
     scalar_sums = [torch.where(ok, results.scalars[k].to(device, torch.float64), 0.0).sum() for k in scalars]
     counters = [torch.tensor(float(v), dtype=torch.float64, device=device) for v in sums.values()]
@@ -213,7 +246,11 @@ def mean(results: ClientResults, like: Mapping[str, Mapping[str, Tensor]], *, ag
     if replies == 0 or weight <= 0:
         return Mean(None, replies, metrics, means, ok, totals)
     body = vector[:-width]
-    if weight != 1.0:
+    if robust:
+        gathered = body.view(-1, sum(g.size for g in groups) + 1)
+        sound = gathered[gathered[:, -1] > 0.5, :-1]  # the sound clients of every process
+        body = aggregate(sound, aggregation, trim_fraction)
+    elif weight != 1.0:
         body = body / weight
     out, offset = {}, 0
     for name, ref in like.items():

@@ -28,6 +28,7 @@ class Method(Protocol):
     modes: tuple[Mode, ...]
     groups: dict[str, str]
     hyper: Hyper
+    population: int | None
 
     def round_hparams(self, server_round: int) -> tuple[float, float]: ...
 
@@ -186,8 +187,10 @@ class Round:
         sample = {g: per_client(a)[0] for g, a in results.arrays.items()} if len(results) else None
         like = {g: self.like(g, sample) for g in groups}
         sums = {"clients": float(len(results)), **self._pending}
-        m = mean(results, like, aggregation=aggregation or self.algorithm.hyper.aggregation,
-                 expected=self._expected_for(results), all_reduce=self.all_reduce, sums=sums)
+        hyper = self.algorithm.hyper
+        m = mean(results, like, aggregation=aggregation or hyper.aggregation, trim_fraction=hyper.trim_fraction,
+                 expected=self._expected_for(results), all_reduce=self.all_reduce, sums=sums,
+                 population=self.algorithm.population or self.expected)
         for key in self._totals:
             self._totals[key] += int(round(m.sums[key]))
         self._pending = {k: 0.0 for k in self._pending}

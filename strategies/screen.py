@@ -4,7 +4,9 @@ Every reply is read field by field (``strategies.wire.read_reply``: one MetricRe
 weight, ranged metrics, the array groups the exchange's method expects) and then checked
 against what an honest client of this exchange can send: each group's keys, shapes and
 dtypes against the global model's (or, without one, against the layout most replies share),
-every floating-point value finite, and the method's own ``check_result`` -- its bound on how
+every floating-point value finite, the buffers within what an honest client's forwards can
+make of the global ones (``strategies.buffers``: BatchNorm counters exact, variances >= their
+floor, integers in range), and the method's own ``check_result`` -- its bound on how
 far an honest client moves (``Algorithm.bound``), naive's lr scale. A reply that fails is
 recorded in the round as rejected with its reason (``Round.reject``; its bytes counted),
 never averaged and never a crash; the sound ones go to the method as ``ClientResults``.
@@ -21,8 +23,9 @@ from flwr.app import Message
 
 from .algorithm import Algorithm
 from .averaging import check_state
+from .buffers import Norm, check_buffers, rules_from_keys
 from .reduce import ClientResults
-from .round import Exchange, Round
+from .round import GROUP_KINDS, Exchange, Round
 from .wire import Reply, client_results, is_multi, read_content, read_reply, split_reply
 
 
@@ -34,6 +37,9 @@ class Checks:
     verify_examples: bool = False  # num-examples = the exchange's steps x batch size
     trainable: Sequence[str] | None = None  # the trainable parameters (the bound's and gradients' keys)
     max_lr_scale: float = 1.0  # the largest lr scale an honest client's batches carry
+    #: the model's BatchNorm layers (``strategies.buffers.buffer_rules``): the server knows the
+    #: clients' forwards, so counters are exact and variances floored; None: known by key names only
+    buffer_rules: tuple[Norm, ...] | None = None
 
 
 @dataclass
@@ -113,11 +119,17 @@ def references(rnd: Round, read: Sequence[Reply], groups: Sequence[str], *, need
 def check(rnd: Round, exchange: Exchange, reply: Reply, refs: dict[str, dict | None], groups: Sequence[str],
           algorithm: Algorithm, checks: Checks) -> str | None:
     """Why one decoded reply cannot come from an honest client of ``exchange``, or None."""
+    kinds = {**GROUP_KINDS, **algorithm.groups}
+    known = checks.buffer_rules is not None
+    rules = checks.buffer_rules if known else rules_from_keys(rnd.state)
+    forwards = exchange.settings.local_steps if known else None
     for group in groups:
         ref = refs[group]
         if ref is None:
             return "no global model for this round: configure_train must run first"
         why = check_state(reply.groups[group], ref)
+        if why is None and rnd.state and kinds.get(group, "state") in ("state", "buffers"):
+            why = check_buffers(reply.groups[group], rnd.state, rules, forwards)
         if why is not None:
             return why if len(groups) == 1 else f"{group}: {why}"
     if not rnd.state:

@@ -72,7 +72,10 @@ class Hyper:
     lr_decay: float = _key("lr-decay", "factor applied to lr AND clip at each milestone", default=0.1)
     lr_milestones: tuple[float, ...] = _key("lr-milestones", "global epochs of the decays, comma separated (\"80,120\")",
                                             default=())
-    aggregation: str = _key("aggregation", "uniform (the paper) or examples (weighted by examples)", default="uniform")
+    aggregation: str = _key("aggregation", "uniform (the paper), examples (weighted by examples), median or trimmed-mean "
+                            "(coordinate-wise, robust to lying clients: strategies.robust)", default="uniform")
+    trim_fraction: float = _key("trim-fraction", "beta of aggregation = \"trimmed-mean\": floor(beta n) values dropped "
+                                "at each end of every coordinate, in [0, 0.5)", default=0.2)
 
     def __post_init__(self) -> None:
         for message in self.problems():
@@ -102,6 +105,8 @@ class Hyper:
             out.append(f"lr-milestones must be increasing, got {tuple(milestones)}")
         if self.aggregation not in AGGREGATIONS:
             out.append(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}")
+        if not (_is_real(self.trim_fraction) and 0 <= self.trim_fraction < 0.5):
+            out.append(f"trim-fraction must be in [0, 0.5), got {self.trim_fraction!r}")
         return out
 
     @classmethod

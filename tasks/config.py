@@ -66,6 +66,7 @@ class RunConfig:
     lr_decay: float = _hyper("lr-decay")
     lr_milestones: tuple[float, ...] = _hyper("lr-milestones")
     aggregation: str = _hyper("aggregation")
+    trim_fraction: float = _hyper("trim-fraction")
     partitioner: str = _key("partitioner", "homogeneous, similarity or dirichlet", default="homogeneous")
     similarity: float = _key("similarity", "s in [0, 100]: % of each class dealt i.i.d. (similarity partitioner)", default=0.0)
     dirichlet_alpha: float = _key("dirichlet-alpha", "alpha > 0 of the Dirichlet label skew", default=0.5)

@@ -57,7 +57,8 @@ def test_every_key_is_documented():
     ({"task": "imagenet"}, r"task must be one of digits, cifar10, ptb, wikitext2, shakespeare or an import path "
                            r"\"package.module:factory\", got 'imagenet'"),
     ({"algorithm": "fedprox"}, r"algorithm must be one of celgc, local-sgd, naive, episode, single, scaffold, got 'fedprox'"),
-    ({"aggregation": "median"}, r"aggregation must be one of uniform, examples, got 'median'"),
+    ({"aggregation": "mode"}, r"aggregation must be one of uniform, examples, median, trimmed-mean, got 'mode'"),
+    ({"trim-fraction": 0.5}, r"trim-fraction must be in \[0, 0.5\), got 0.5"),
     ({"lr-milestones": "120,80"}, r"lr-milestones must be increasing"),
     ({"lr-milestones": "a,b"}, r"lr-milestones must be comma-separated numbers"),
     ({"lr-decay": 0}, r"lr-decay must be in \(0, 1\], got 0"),
