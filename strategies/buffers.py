@@ -95,7 +95,7 @@ def check_buffers(state: Mapping[str, Tensor], reference: Mapping[str, Tensor], 
         if exact and count in state and n0 is not None:
             got = int(state[count])
             if got != n0 + forwards:
-                return (f"{count} is {got}, but {forwards} training forwards from the global {n0} make "
+                return (f"{count} is {got}, but {_forwards(forwards)} from the global {n0} make "
                         f"{n0 + forwards}")
         if exact and var in state and var in reference and n0 is not None:
             floor_c = shrink(norm, forwards, n0) * (1.0 - REL_SLACK * (forwards + 1))
@@ -105,7 +105,7 @@ def check_buffers(state: Mapping[str, Tensor], reference: Mapping[str, Tensor], 
                 i = int(short.nonzero()[0, 0]) if short.dim() else 0
                 got = float(state[var].reshape(-1)[i]) if short.dim() else float(state[var])
                 want = float(v0.reshape(-1)[i]) if short.dim() else float(v0)
-                return (f"{var}[{i}] is {got:.6g}, below the {floor_c * want:.6g} that {forwards} forwards with "
+                return (f"{var}[{i}] is {got:.6g}, below the {floor_c * want:.6g} that {_forwards(forwards)} with "
                         f"momentum {norm.momentum} leave of the global {want:.6g}")
     for key, value in state.items():
         if not (value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool) and value.numel():
@@ -113,3 +113,7 @@ def check_buffers(state: Mapping[str, Tensor], reference: Mapping[str, Tensor], 
             if top > INT_LIMIT:
                 return f"{key} holds {top}, beyond the +-2**53 an integer buffer may hold"
     return None
+
+
+def _forwards(n: int) -> str:
+    return f"{n} training forward{'' if n == 1 else 's'}"

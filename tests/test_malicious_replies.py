@@ -66,6 +66,19 @@ def first_param(fn):
     return replace_arrays(lambda st: {k: (fn(v) if i == 0 else v) for i, (k, v) in enumerate(st.items())})
 
 
+def set_key(key, fn, record=None):
+    """Rewrite one tensor of the reply's array record (default: its first one)."""
+    def tamper(reply):
+        name = record or next(iter(reply.content.array_records))
+        state = reply.content[name].to_torch_state_dict()
+        state[key] = fn(state[key])
+        reply.content[name] = ArrayRecord(state)
+    return tamper
+
+
+# the default model's first BatchNorm layer (momentum 0.1): what an honest client's I = 2 forwards can do to it
+VAR, COUNT = "features.1.running_var", "features.1.num_batches_tracked"
+
 # case -> (tamper, the reason recorded for the rejected reply); CELGC, I = 2, 3 clients
 CASES = {
     "num-examples NaN": (set_metric("num-examples", math.nan), "num-examples must be a finite number >= 0, got nan"),
@@ -86,6 +99,14 @@ CASES = {
                           "expected exactly one MetricRecord, got 2"),
     "spoofed partition-id": (set_metric("partition-id", 0), "spoofed partition-id 0 (the node holds partition 1)"),
     "stale round": (set_metric("server-round", BAD_ROUND - 1), "stale reply: server-round 1 in a reply to round 2"),
+    "running_var -50": (set_key(VAR, lambda v: torch.full_like(v, -50.0)),
+                        f"{VAR} holds negative values (min -50)"),
+    "running_var below its floor": (set_key(VAR, lambda v: v * 0.5),  # 2 forwards keep >= 0.9^2 = 0.81 of it
+                                    f"{VAR}[0] is"),
+    "num_batches_tracked 2**63-1": (set_key(COUNT, lambda v: torch.full_like(v, 2**63 - 1)),
+                                    f"{COUNT} is 9223372036854775807, but 2 training forwards from the global 2 make 4"),
+    "num_batches_tracked one short": (set_key(COUNT, lambda v: v - 1),
+                                      f"{COUNT} is 3, but 2 training forwards from the global 2 make 4"),
 }
 
 # naive parallel clipping (one step a round, gradients up)
@@ -98,6 +119,9 @@ NAIVE_CASES = {
         {k: torch.full_like(v, math.inf) for k, v in r.content["grads"].to_torch_state_dict().items()})), "non-finite"),
     "gradient of a buffer only": (lambda r: r.content.__setitem__("grads", ArrayRecord(
         dict(list(r.content["grads"].to_torch_state_dict().items())[:1]))), "keys"),
+    "buffers: num_batches_tracked 2**63-1": (set_key(COUNT, lambda v: torch.full_like(v, 2**63 - 1), "buffers"),
+                                             f"buffers: {COUNT} is 9223372036854775807, but 1 training forward from"),
+    "buffers: running_var negative": (set_key(VAR, lambda v: -v, "buffers"), f"buffers: {VAR} holds negative values"),
 }
 
 
