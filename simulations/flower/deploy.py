@@ -150,11 +150,12 @@ class Deployment:
             raise DeployError(f"{name} {' '.join(args)} exited {res.returncode}:\n{res.stdout}{res.stderr}")
         return res.stdout
 
-    def _start(self, name: str, script: str, args: Sequence[str], ns: str | None, home: Path | None = None) -> Proc:
+    def _start(self, name: str, script: str, args: Sequence[str], ns: str | None, home: Path | None = None,
+               env: Mapping[str, str] | None = None) -> Proc:
         home = home or self.root / name
         home.mkdir(parents=True, exist_ok=True)
         prefix = self.netns.prefix(ns) if self.netns and ns else []
-        proc = Proc(name, [*prefix, "bash", str(DEPLOY / script), *args], cwd=home, env=self._env(home),
+        proc = Proc(name, [*prefix, "bash", str(DEPLOY / script), *args], cwd=home, env={**self._env(home), **(env or {})},
                     log=self.root / f"{name}.log")
         self.procs.append(proc)
         return proc
@@ -199,9 +200,11 @@ class Deployment:
 
     def start_supernode(self, i: int, *, key: int | None = None, partition: int | None = None,
                         num_partitions: int | None = None, local_data: str | Path | None = None,
-                        options: Sequence[str] = (), extra: Sequence[str] = (), name: str | None = None) -> Proc:
+                        options: Sequence[str] = (), extra: Sequence[str] = (), name: str | None = None,
+                        env: Mapping[str, str] | None = None) -> Proc:
         """start_supernode.sh for host ``i`` (its own namespace, if any) with key ``key`` (default i);
-        ``options`` go to the script (e.g. --rejoin-retries), ``extra`` to flower-supernode."""
+        ``options`` go to the script (e.g. --rejoin-retries), ``extra`` to flower-supernode, ``env``
+        into its environment (and its ClientApps')."""
         args = ["--superlink", self.address, "--port", str(free_port()), *options]
         if self.insecure:
             args.append("--insecure")
@@ -216,7 +219,7 @@ class Deployment:
         if extra:
             args += ["--", *extra]
         proc = self._start(name or f"supernode-{i}", "start_supernode.sh", args,
-                           self.netns.clients[i] if self.netns else None)
+                           self.netns.clients[i] if self.netns else None, env=env)
         self.nodes[i] = proc
         return proc
 
