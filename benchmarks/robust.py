@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
 import statistics
 import tempfile
 import time
@@ -98,7 +99,7 @@ def attack_specs(seeds: int, rounds: int) -> list[dict]:
 
 def run_all(specs: list[dict], jobs: int) -> list[dict]:
     scenario = [s.pop("scenario", None) for s in specs]
-    with ProcessPoolExecutor(jobs) as pool:
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:  # no fork of torch threads
         results = list(pool.map(one_run, specs))
     for r, name in zip(results, scenario, strict=True):
         if name is not None:
