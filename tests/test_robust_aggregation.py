@@ -169,3 +169,36 @@ def test_buffer_rules_follow_the_model_and_the_forwards():
     assert "negative" in check_buffers({**honest, "2.running_var": -honest["2.running_var"]}, g, rules_from_keys(g), None)
     big = {**honest, "1.num_batches_tracked": torch.tensor(-(2**62))}
     assert "beyond the +-2**53" in check_buffers(big, g, rules_from_keys(g), None)
+
+
+def lying_run(tmp_path, name, attack, aggregation, rounds=10):
+    """3 clients on the real ServerApp and ClientApp, partition 0 lying in every train reply."""
+    from client.app import app as client_app
+    from server.app import app as server_app
+    from simulations.attacks import LyingGrid
+    from simulations.loopback import LoopbackGrid, run_server_app
+    from tasks.config import RunConfig
+    from tasks.runs.results import load_weights, read_results
+
+    values = {**RunConfig().to_mapping(), "num-clients": 3, "num-rounds": rounds, "device": "cpu", "node-wait": 2.0,
+              "eval-every": rounds, "results-dir": str(tmp_path), "run-name": name, "aggregation": aggregation}
+    grid = LyingGrid(client_app, values, 3, attack=attack, liars=[0]) if attack else LoopbackGrid(client_app, values, 3)
+    run_server_app(server_app, grid)
+    _, rows = read_results(tmp_path / name / "results.jsonl")
+    return rows, load_weights(tmp_path / name / "model.pt")
+
+
+@pytest.mark.parametrize("attack", ["sign-flip", "bias-push", "bn-var-huge", "bn-mean-huge"])
+def test_a_lie_within_every_bound_poisons_the_average_and_not_the_median(tmp_path, attack):
+    """1 liar of 3, every round, CELGC I = 8 on digits (10 rounds): the lie passes every check; the
+    average ends near chance, the median within 2 points of its clean run, its BatchNorm
+    statistics those of honest clients."""
+    clean, _ = lying_run(tmp_path, "clean", None, "median")
+    poisoned, _ = lying_run(tmp_path, "mean", attack, "uniform")
+    robust, state = lying_run(tmp_path, "median", attack, "median")
+    for rows in (poisoned, robust):
+        assert all(r["replies"] == 3 and r["rejected-replies"] == 0 for r in rows[1:])  # never rejected
+    assert clean[-1]["test-accuracy"] > 0.9
+    assert poisoned[-1]["test-accuracy"] < 0.2
+    assert robust[-1]["test-accuracy"] >= clean[-1]["test-accuracy"] - 0.02
+    assert max(float(v.abs().max()) for k, v in state.items() if k.endswith(("running_var", "running_mean"))) < 100
