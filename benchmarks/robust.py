@@ -9,7 +9,7 @@
 * ``attack``: the real ServerApp and ClientApp on the in-process grid, f lying clients
   (``simulations.attacks``: sign-flip at the bound, a same-direction push at the bound,
   BatchNorm running_var 1e30, running_mean 1e6) of N: 1 of 3, 2 of 8, and 10 of 50 with 20
-  sampled a round (partial participation); homogeneous; trimmed mean with beta = f / N (1/3,
+  sampled a round (partial participation, batch 16); homogeneous; trimmed mean with beta = f / N (1/3,
   0.25, 0.25); every round every liar lies. The clean run of the same aggregation beside it.
 * ``speed``: one aggregation of n client states on this machine, uniform vs median vs trimmed
   mean, for the digits CNN and a ResNet-56-sized state (853,018 float32 values).
@@ -30,10 +30,10 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-SCENARIOS = {  # name -> (num-clients, liars, clients-per-round, trim-fraction)
-    "1 of 3": (3, 1, 0, 0.34),
-    "2 of 8": (8, 2, 0, 0.25),
-    "10 of 50, 20 a round": (50, 10, 20, 0.25),
+SCENARIOS = {  # name -> (num-clients, liars, clients-per-round, trim-fraction, batch-size)
+    "1 of 3": (3, 1, 0, 0.34, 32),
+    "2 of 8": (8, 2, 0, 0.25, 32),
+    "10 of 50, 20 a round": (50, 10, 20, 0.25, 16),  # 28 examples the smallest client
 }
 ATTACKS = ("sign-flip", "bias-push", "bn-var-huge", "bn-mean-huge")
 AGGREGATIONS = ("uniform", "median", "trimmed-mean")
@@ -87,12 +87,12 @@ def honest_specs(seeds: int, rounds: int) -> list[dict]:
 
 def attack_specs(seeds: int, rounds: int) -> list[dict]:
     out = []
-    for name, (n, f, k, beta) in SCENARIOS.items():
+    for name, (n, f, k, beta, batch) in SCENARIOS.items():
         for agg in AGGREGATIONS:
             for attack in (None, *ATTACKS):
                 for seed in range(seeds):
                     out.append({"scenario": name, "num-clients": n, "clients-per-round": k, "num-rounds": rounds,
-                                "seed": seed, "aggregation": agg, "trim-fraction": beta, "attack": attack,
+                                "seed": seed, "aggregation": agg, "trim-fraction": beta, "batch-size": batch, "attack": attack,
                                 "liars": f if attack else 0})
     return out
 
