@@ -34,6 +34,7 @@ from tasks.runs.recorder import RunRecorder
 from tasks.runs.run_folder import claim_run_folder
 
 from .faults import WatchedGrid
+from .federation import Claim, Federation, decide, read_claim
 from .participation import client_assignment, fewest_nodes
 from .resumed import ResumedStrategy
 
@@ -80,100 +81,82 @@ def reply_checks(task: object, model: torch.nn.Module) -> dict[str, Any]:
 
 
 def wait_for_federation(grid: Grid, cfg: RunConfig, poll: float = 0.1,
-                        partition_of: dict[int, int] | None = None) -> tuple[list[int], int]:
-    """Wait (at most ``node-wait`` s) for the whole federation: (its nodes, their number K).
+                        watched: WatchedGrid | None = None) -> tuple[list[int], int]:
+    """Wait (at most ``node-wait`` s) for the whole federation: (its member nodes, their number K).
 
     Connected nodes are asked for their ``partition-id`` / ``num-partitions`` (a query
-    message): the federation is ``num-partitions`` = K nodes with distinct partition ids
-    0..K-1, K <= num-clients (K < num-clients: each node serves every K-th client,
-    ``strategies.participation.node_clients``; nodes that report nothing: K = num-clients), so a
-    federation of the wrong shape fails at once with the fix, instead of training other clients
-    than asked for.
+    message) and the federation decided from every answer (``server.federation``): K nodes
+    with distinct partition ids 0..K-1, K <= num-clients (K < num-clients: each node serves
+    every K-th client, ``strategies.participation.node_clients``; nodes that report nothing:
+    K = num-clients). A node whose answer is malformed or conflicts is excluded (never
+    trained; ``watched`` records why, in round 1's failures) and the run starts without it
+    while min-replies can be met; a federation of the wrong shape fails with the fix.
     """
     deadline = time.monotonic() + cfg.node_wait
-    checked: set[int] = set()
-    sizes: dict[int, int] = {}
+    claims: dict[int, Claim | str] = {}
     while True:
         nodes = sorted(grid.get_node_ids())
-        fresh = [n for n in nodes if n not in checked]
+        fresh = [n for n in nodes if n not in claims]
         if fresh:
-            _check_nodes(grid, cfg, fresh, partition_of, sizes)
-            checked.update(fresh)
-        size = next(iter(sizes.values()), cfg.num_clients)
-        if len(nodes) > size:
+            claims.update(_query(grid, fresh, cfg.round_timeout))
+        fed = decide({n: c for n, c in claims.items() if n in nodes}, cfg.num_clients)
+        if fed.size > cfg.num_clients:
+            raise FederationError(
+                f"run with --federation-config \"num-supernodes={cfg.num_clients}\" (or fewer: a node serves one "
+                f"or more clients), or set num-clients={fed.size} (or num-clients=0 to follow the federation): the "
+                f"federation has num-partitions={fed.size} but the run asks for num-clients={cfg.num_clients}; in "
+                f"deployment start at most {cfg.num_clients} SuperNodes with --node-config \"partition-id=i "
+                f"num-partitions=K\"")
+        members, size = fed.members, fed.size
+        if len(members) > size:
             raise FederationError(
                 f"run with --federation-config \"num-supernodes={size}\" (at most num-clients={cfg.num_clients} nodes, "
-                f"each serving one or more clients): {len(nodes)} nodes are connected but the federation has "
+                f"each serving one or more clients): {len(members)} nodes are connected but the federation has "
                 f"num-partitions={size}")
-        if len(nodes) == size:
+        served = sum(len(node_clients(fed.partition_of[n], size, cfg.num_clients)) if n in fed.partition_of else 1
+                     for n in members)
+        complete = len(members) == size
+        enough = bool(fed.excluded) and cfg.min_replies and served >= cfg.min_replies and len(nodes) >= size
+        if complete or enough or time.monotonic() > deadline:
+            if not complete and not (cfg.min_replies and served >= cfg.min_replies):
+                raise FederationError(
+                    f"in simulation run with --federation-config \"num-supernodes=K\" (K <= num-clients="
+                    f"{cfg.num_clients}); in deployment start K SuperNodes with --node-config \"partition-id=i "
+                    f"num-partitions=K\": only {len(members)} of the federation's {size} nodes connected within "
+                    f"node-wait={cfg.node_wait:g} s" + _excluded_text(fed))
+            if not complete:
+                log(WARNING, "starting with %d of %d nodes (min-replies=%d)%s", len(members), size, cfg.min_replies,
+                    _excluded_text(fed))
+            if watched is not None:
+                watched.partition_of.update(fed.partition_of)
+                for node, reason in fed.excluded.items():
+                    watched.exclude(node, f"query reply excluded, {reason}")
             if size < cfg.num_clients:
                 log(INFO, "%d clients on %d nodes: each node serves every %d-th client", cfg.num_clients, size, size)
-            return nodes, size
-        if time.monotonic() > deadline:
-            served = sum(len(node_clients(partition_of[n], size, cfg.num_clients)) if partition_of and n in partition_of
-                         else 1 for n in nodes)
-            if cfg.min_replies and served >= cfg.min_replies:  # fault tolerant: start with enough nodes
-                log(WARNING, "node-wait is over: starting with %d of %d nodes (min-replies=%d)", len(nodes), size,
-                    cfg.min_replies)
-                return nodes, size
-            raise FederationError(
-                f"in simulation run with --federation-config \"num-supernodes=K\" (K <= num-clients={cfg.num_clients}); "
-                f"in deployment start K SuperNodes with --node-config \"partition-id=i num-partitions=K\": only "
-                f"{len(nodes)} of the federation's {size} nodes connected within node-wait={cfg.node_wait:g} s"
-            )
-        log(INFO, "Waiting for nodes: %d of %d connected", len(nodes), size)
+            return members, size
+        log(INFO, "Waiting for nodes: %d of %d connected", len(members), size)
         time.sleep(poll)
 
 
-def _query(grid: Grid, nodes: list[int], timeout: float) -> dict[int, dict]:
-    """Each answering node's partition settings (``partition-id`` / ``num-partitions``)."""
+def _excluded_text(fed: Federation) -> str:
+    return "".join(f"; node {n} excluded: {why}" for n, why in fed.excluded.items())
+
+
+def _query(grid: Grid, nodes: list[int], timeout: float) -> dict[int, Claim | str]:
+    """Each answering node's claim (``server.federation.read_claim``), in the order the answers came."""
     queries = [Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=n) for n in nodes]
-    out = {}
+    out: dict[int, Claim | str] = {}
     for reply in grid.send_and_receive(queries, timeout=timeout):
-        if not reply.has_error():  # an app without a query handler: the train step checks again
-            out[reply.metadata.src_node_id] = dict(next(iter(reply.content.metric_records.values()), {}))
+        if reply.has_error():  # an app without a query handler: the train step checks again
+            continue
+        records = list(reply.content.metric_records.values())
+        out[reply.metadata.src_node_id] = read_claim(dict(records[0])) if len(records) == 1 else \
+            f"the query reply carries {len(records)} MetricRecords, expected exactly one"
     return out
 
 
-def _check_nodes(grid: Grid, cfg: RunConfig, nodes: list[int], partition_of: dict[int, int] | None = None,
-                 sizes: dict[int, int] | None = None) -> None:
-    """Check the nodes' reports: distinct partition ids, one federation size K <= num-clients."""
-    sizes = {} if sizes is None else sizes
-    for node, info in _query(grid, nodes, cfg.round_timeout).items():
-        num = info.get("num-partitions")
-        if isinstance(num, int) and not isinstance(num, bool):
-            if num > cfg.num_clients:
-                raise FederationError(
-                    f"run with --federation-config \"num-supernodes={cfg.num_clients}\" (or fewer: a node serves one "
-                    f"or more clients), or set num-clients={num} (or num-clients=0 to follow the federation): the "
-                    f"federation has num-partitions={num} but the run asks for num-clients={cfg.num_clients}; in "
-                    f"deployment start at most {cfg.num_clients} SuperNodes with --node-config \"partition-id=i "
-                    f"num-partitions=K\"")
-            other = next((n for n, k in sizes.items() if k != num), None)
-            if other is not None:
-                raise FederationError(
-                    f"give every SuperNode the same num-partitions (the number of nodes): node {other} reports "
-                    f"num-partitions={sizes[other]}, node {node} num-partitions={num}")
-            sizes[node] = num
-        pid = info.get("partition-id")
-        if pid is None and info.get("own-data") == 1 and not isinstance(num, int):
-            continue  # a host with its own data and no partition-id: one client, seeded by its data
-        if pid is None:
-            raise FederationError(
-                f"node config has no partition-id (node {node}): start every SuperNode with --node-config "
-                f"\"partition-id=i num-partitions=K\" (K nodes, i = 0..K-1, K <= num-clients={cfg.num_clients})")
-        if partition_of is not None and isinstance(pid, int) and not isinstance(pid, bool):
-            size = sizes.get(node, cfg.num_clients)
-            holder = next((n for n, p in partition_of.items() if p == pid and n != node), None)
-            if holder is not None:
-                raise FederationError(
-                    f"give every SuperNode its own --node-config \"partition-id=i num-partitions={size}\" "
-                    f"(i = 0..{size - 1}): nodes {holder} and {node} both claim partition-id={pid}")
-            partition_of[node] = pid
-
-
 def follow_federation(grid: Grid, cfg: RunConfig, poll: float = 0.1) -> RunConfig:
-    """``cfg`` with num-clients resolved: 0 follows the ``num-partitions`` the nodes report
+    """``cfg`` with num-clients resolved: 0 follows the ``num-partitions`` most nodes report
     (Flower's num-supernodes in simulation); a set value stays."""
     if cfg.num_clients:
         return cfg
@@ -182,16 +165,13 @@ def follow_federation(grid: Grid, cfg: RunConfig, poll: float = 0.1) -> RunConfi
         if time.monotonic() > deadline:
             raise FederationError(f"no node connected within node-wait={cfg.node_wait:g} s (num-clients=0 follows them)")
         time.sleep(poll)
-    sizes = {int(info["num-partitions"]) for info in _query(grid, nodes, cfg.round_timeout).values()
-             if isinstance(info.get("num-partitions"), int)}
-    if len(sizes) != 1:
+    fed = decide(_query(grid, nodes, cfg.round_timeout), num_clients=0)
+    if not fed.reported_size:
         raise FederationError(
             "set num-clients=N: num-clients=0 follows the num-partitions the nodes report (node config), "
-            f"and they report {'none' if not sizes else sorted(sizes)}"
-        )
-    (num,) = sizes
-    log(INFO, "num-clients=0: following the federation, %d clients", num)
-    return cfg.replace(num_clients=num)
+            "and they report none" + _excluded_text(fed))
+    log(INFO, "num-clients=0: following the federation, %d clients", fed.size)
+    return cfg.replace(num_clients=fed.size)
 
 
 def resume(cfg: RunConfig, folder: Path, strategy: object) -> Checkpoint | None:
@@ -247,7 +227,7 @@ def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path) -> None:
     if ckpt:
         arrays = ArrayRecord(ckpt.arrays)
     watched = WatchedGrid(grid, min_clients=cfg.required_replies, node_wait=cfg.node_wait)
-    nodes, spread = wait_for_federation(grid, cfg, partition_of=watched.partition_of)
+    nodes, spread = wait_for_federation(grid, cfg, watched=watched)
     watched.expect(nodes, cfg.num_clients, spread)
     # the round's clients (all, or the K sampled: the same on every backend) and the node serving each;
     # hosts with their own data and no partition-id are one client each, known by their node

@@ -131,6 +131,12 @@ class WatchedGrid(Grid):
         if num_clients and all(isinstance(x, int) for x in self.expected):
             self.expected |= set(range(num_clients))
 
+    def exclude(self, node: int, reason: str) -> None:
+        """A node left out of the federation (its query answer was malformed or conflicting):
+        never asked or trained again; ``reason`` goes into the next round's failures."""
+        self._strangers.add(node)
+        self._fail(node, reason)
+
     def clients_of(self, node_id: int) -> list[int | str]:
         """The clients a node serves: its partition id (or "node <id>" when unknown), or with
         fewer nodes than clients every ``spread``-th client from it."""

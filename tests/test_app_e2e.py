@@ -113,11 +113,17 @@ def test_too_few_nodes_fails_after_node_wait(tmp_path):
         run(tmp_path, node_configs=nodes)
 
 
-def test_more_nodes_than_clients_fails_naming_the_duplicate_partition(tmp_path):
+def test_a_second_node_claiming_a_partition_is_excluded_and_named(tmp_path):
+    """A fifth node claiming partition 0 (held by the first): the run goes on with the four
+    members, the fifth is never trained and round 1 names it with the fix."""
     nodes = [{"partition-id": i % 4, "num-partitions": 4} for i in range(5)]
-    with pytest.raises(FederationError, match=r"give every SuperNode its own --node-config .*: nodes \d+ and \d+ "
-                                              r"both claim partition-id=0"):
-        run(tmp_path, node_configs=nodes)
+    folder, grid = run(tmp_path, node_configs=nodes)
+    _, rows = read_results(folder / "results.jsonl")
+    assert [r["replies"] for r in rows[1:]] == [4, 4, 4]
+    assert 1004 not in {m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type == "train"}
+    assert rows[1]["failures"] == [
+        'node 1004: query reply excluded, nodes 1000 and 1004 both claim partition-id=0: give every SuperNode its own '
+        '--node-config "partition-id=i num-partitions=4" (i = 0..3); node 1000 answered first and keeps it']
 
 
 def test_client_without_partition_id_fails_the_run_with_its_reason(tmp_path):

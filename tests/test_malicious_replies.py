@@ -9,9 +9,10 @@ import math
 import pytest
 import torch
 from deploy_support import DEPLOY_CONFIG, FaultyGrid, assert_same_weights
-from flwr.app import ArrayRecord, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from client.app import app as client_app
+from server.app import FederationError
 from server.app import app as server_app
 from simulations.loopback import run_server_app
 from tasks.config import RunConfig
@@ -193,3 +194,65 @@ def test_a_node_that_joins_later_claiming_a_held_partition_is_ignored(tmp_path):
     sent = [(m.metadata.dst_node_id, m.metadata.message_type) for m in grid.sent]
     assert (2000, "query") in sent and (2000, "train") not in sent  # asked once, never trained
     assert_same_weights(folder, reference)
+
+
+class QueryLiar(FaultyGrid):
+    """Partition 1's node answers the federation query with ``answer`` (a MetricRecord's
+    values, or a whole RecordDict) and would train honestly."""
+
+    def __init__(self, *args, answer, **kwargs) -> None:
+        super().__init__(*args, failures={}, **kwargs)
+        self.answer = answer
+
+    def _deliver(self, msg):
+        reply = super()._deliver(msg)
+        if msg.metadata.message_type == "query" and self.nodes[msg.metadata.dst_node_id]["partition-id"] == 1:
+            content = self.answer if isinstance(self.answer, RecordDict) else \
+                RecordDict({"node": MetricRecord({**dict(reply.content["node"]), **self.answer})})
+            reply = Message(content, reply_to=msg)
+            reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
+        return reply
+
+
+# the node's answer -> the reason it is excluded (3 nodes, min-replies = 2)
+QUERY_LIES = {
+    "num-partitions NaN": ({"num-partitions": math.nan}, "num-partitions=nan is not an integer >= 1"),
+    "num-partitions inf": ({"num-partitions": math.inf}, "num-partitions=inf is not an integer >= 1"),
+    "num-partitions a list": ({"num-partitions": [1, 2]}, "num-partitions=[1, 2] is not an integer >= 1"),
+    "num-partitions 3.0": ({"num-partitions": 3.0}, "num-partitions=3.0 is not an integer >= 1"),
+    "num-partitions 0": ({"num-partitions": 0}, "num-partitions=0 is not an integer >= 1"),
+    "num-partitions 99": ({"num-partitions": 99, "partition-id": 1},
+                          "num-partitions=99 differs from the federation's 3 (what 2 of 3 nodes report)"),
+    "partition-id NaN": ({"partition-id": math.nan}, "partition-id=nan is not an integer >= 0"),
+    "partition-id -1": ({"partition-id": -1}, "partition-id=-1 is not an integer >= 0"),
+    "partition-id 5": ({"partition-id": 5}, "partition-id=5 is not below its num-partitions=3"),
+    "partition-id of another node": ({"partition-id": 0}, "nodes 1000 and 1001 both claim partition-id=0"),
+    "a ConfigRecord only": (RecordDict({"c": ConfigRecord({"partition-id": 1})}),
+                            "the query reply carries 0 MetricRecords, expected exactly one"),
+}
+
+
+@pytest.fixture(scope="module")
+def absent_reference(tmp_path_factory):
+    """The same run without partition 1's node (it never connected: the run starts after
+    node-wait with min-replies = 2)."""
+    nodes = [{"partition-id": p, "num-partitions": 3} for p in (0, 2)]
+    return run(tmp_path_factory.mktemp("ref"), "ref", FaultyGrid, failures={}, node_configs=nodes)
+
+
+@pytest.mark.parametrize("case", sorted(QUERY_LIES))
+def test_a_lying_query_reply_excludes_its_node_and_the_run_goes_on(case, tmp_path, absent_reference):
+    answer, reason = QUERY_LIES[case]
+    folder, grid = run_grid(tmp_path, "run", QueryLiar, answer=answer)
+    _, rows = read_results(folder / "results.jsonl")
+    assert [r["replies"] for r in rows[1:]] == [2, 2]
+    assert 1001 not in {m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type == "train"}
+    assert any(f.startswith("node 1001: query reply excluded, ") and reason in f for f in rows[1]["failures"]), \
+        rows[1]["failures"]
+    assert_same_weights(folder, absent_reference)
+
+
+def test_a_lying_query_reply_without_min_replies_is_a_clear_error(tmp_path):
+    with pytest.raises(FederationError, match=r"only 2 of the federation's 3 nodes connected within node-wait=2 s; "
+                                              r"node 1001 excluded: num-partitions=nan is not an integer >= 1"):
+        run_grid(tmp_path, "run", QueryLiar, {"min-replies": 0}, answer={"num-partitions": math.nan})
