@@ -174,11 +174,12 @@ def follow_federation(grid: Grid, cfg: RunConfig, poll: float = 0.1) -> RunConfi
     return cfg.replace(num_clients=fed.size)
 
 
-def resume(cfg: RunConfig, folder: Path, strategy: object) -> Checkpoint | None:
-    """resume=true: the checkpoint to continue from, its strategy state restored; None: round 0."""
+def resume(cfg: RunConfig, folder: Path, strategy: object, model: torch.nn.Module) -> Checkpoint | None:
+    """resume=true: the checkpoint to continue from (checked against ``model``), its strategy
+    state restored; None: round 0."""
     if not cfg.resume:
         return None
-    ckpt = resume_point(folder, cfg.to_mapping(), cfg.num_rounds)
+    ckpt = resume_point(folder, cfg.to_mapping(), cfg.num_rounds, reference=model.state_dict())
     if ckpt is None:
         log(WARNING, "resume=true but %s holds no checkpoint: starting at round 0", folder)
         return None
@@ -208,7 +209,7 @@ def one_line(exc: BaseException) -> str:
 def run(grid: Grid, cfg: RunConfig) -> None:
     """One run of ``cfg`` on the grid's federation: rounds, results, checkpoints, weights."""
     cfg = follow_federation(grid, cfg)
-    folder = (Path(cfg.results_dir) / cfg.folder_name()).resolve()
+    folder = Path(cfg.results_dir).resolve() / cfg.folder_name()  # not the run folder: a link there is refused
     log(INFO, "CELGC run: %s -> results in %s", cfg.task, folder)
     with claim_run_folder(folder, resume=cfg.resume):
         run_in_folder(grid, cfg, folder)
@@ -222,7 +223,7 @@ def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path) -> None:
     model = initial_model(task, cfg.seed).to(device)
     arrays = ArrayRecord(model.state_dict())
     strategy = build_strategy(cfg, task.train_size, **reply_checks(task, model))
-    ckpt = resume(cfg, folder, strategy)
+    ckpt = resume(cfg, folder, strategy, model)
     done = ckpt.round if ckpt else 0
     if ckpt:
         arrays = ArrayRecord(ckpt.arrays)

@@ -20,7 +20,6 @@ the same one all-reduce (each process writes its clients' rows at their ids).
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 #: the robust aggregations (``aggregation`` values beside ``uniform`` and ``examples``)

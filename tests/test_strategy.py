@@ -139,7 +139,8 @@ def test_summary_lists_every_setting(monkeypatch):
 
 @pytest.mark.parametrize("kw,match", [
     ({"local_steps": 0}, "local_steps"), ({"lr": 0.0}, "lr must"), ({"clip": 0.0}, "clip must"),
-    ({"batch_size": 0}, "batch_size"), ({"momentum": 1.0}, "momentum"), ({"aggregation": "mode"}, "aggregation"), ({"trim_fraction": 0.5}, "trim_fraction"),
+    ({"batch_size": 0}, "batch_size"), ({"momentum": 1.0}, "momentum"), ({"aggregation": "mode"}, "aggregation"),
+    ({"trim_fraction": 0.5}, "trim_fraction"),
     ({"lr_milestones": (80,)}, "train_size"), ({"num_clients": 0}, "num_clients"), ({"lr_decay": 0.0}, "lr_decay"),
 ])
 def test_strategy_rejects_bad_settings(kw, match):

@@ -59,7 +59,7 @@ from tasks.config import RunConfig
 from tasks.device import pick_device
 from tasks.overrides import parse_overrides
 from tasks.protocol import Task, draw_batches, example_counter, is_stateful, training_loss
-from tasks.runs.checkpoint import Checkpoint, CheckpointError, resume_point
+from tasks.runs.checkpoint import Checkpoint, resume_point
 from tasks.runs.evaluation import Evaluator
 from tasks.runs.recorder import RunRecorder
 from tasks.runs.run_folder import claim_run_folder
@@ -187,12 +187,10 @@ class Engine:
     # --- checkpoints (the ServerApp's format: tasks.runs.checkpoint) -------------------
     def resume(self, folder: Path) -> Checkpoint | None:
         """resume=true: continue from the folder's checkpoint (every process reads it); None: round 0."""
-        ckpt = resume_point(folder, self.cfg.to_mapping(), self.cfg.num_rounds)
+        ckpt = resume_point(folder, self.cfg.to_mapping(), self.cfg.num_rounds, reference=self.state)
         if ckpt is None:
             log.warning("resume=true but %s holds no checkpoint: starting at round 0", folder)
             return None
-        if set(ckpt.arrays) != set(self.state):
-            raise CheckpointError(f"{folder}: the checkpoint's arrays do not match the model's")
         self.state = {k: ckpt.arrays[k].to(self.device) for k in self.state}
         self.algorithm.load_state_dict({k: v.to(self.device) for k, v in ckpt.strategy_state.items()})
         return ckpt
@@ -219,7 +217,7 @@ def run_engine(cfg: RunConfig, options: EngineOptions | None = None, *, task: Ta
 
 def _run(cfg: RunConfig, options: EngineOptions, world: World, task: Any, parts: Any, write_results: bool,
          show_progress: bool) -> EngineResult:
-    folder = (Path(cfg.results_dir) / cfg.folder_name()).resolve() if write_results else None
+    folder = Path(cfg.results_dir).resolve() / cfg.folder_name() if write_results else None  # a link there is refused
     if folder is None or not world.is_main:
         return _rounds(cfg, options, world, task, parts, folder, show_progress)
     with claim_run_folder(folder, resume=cfg.resume):  # process 0 owns the folder for the run

@@ -25,6 +25,11 @@ from typing import Any
 
 import torch
 
+from strategies.averaging import check_state
+
+from .results import parse_lines
+from .safe_files import write_atomic
+
 FORMAT = 1
 FILENAME = "checkpoint.pt"
 
@@ -89,15 +94,7 @@ def save_checkpoint(folder: str | Path, ckpt: Checkpoint) -> Path:
                      for k, v in ckpt.strategy_state.items()},
         "meta": json.dumps(ckpt.meta, default=_json_default),
     }
-    tmp = folder / f".{FILENAME}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomic(path, lambda f: torch.save(payload, f))
     _fsync_dir(folder)
     return path
 
@@ -123,7 +120,7 @@ def load_checkpoint(folder: str | Path) -> Checkpoint | None:
         meta = json.loads(payload["meta"])
         return Checkpoint(round=payload["round"], arrays=dict(payload["arrays"]),
                           strategy_state=dict(payload["strategy"]), meta=meta)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, CheckpointError) as exc:
         raise CheckpointError(f"{path}: malformed checkpoint ({exc})") from exc
 
 
@@ -139,12 +136,26 @@ def check_resumable(saved: Mapping[str, Any], current: Mapping[str, Any]) -> Non
         )
 
 
-def resume_point(folder: str | Path, config: Mapping[str, Any], num_rounds: int) -> Checkpoint | None:
+def check_tensors(ckpt: Checkpoint, reference: Mapping[str, torch.Tensor] | None, where: str | Path) -> None:
+    """Raise CheckpointError unless the checkpoint's arrays fit ``reference`` (the model's state:
+    the same keys, shapes and dtypes, every value finite) and its strategy tensors are finite."""
+    if reference is not None:
+        why = check_state(ckpt.arrays, reference)
+        if why is not None:
+            raise CheckpointError(f"{where}: the checkpoint does not fit the model: {why}")
+    for key, value in ckpt.strategy_state.items():
+        if isinstance(value, torch.Tensor) and value.dtype.is_floating_point and not bool(torch.isfinite(value).all()):
+            raise CheckpointError(f"{where}: the checkpoint's strategy state {key} holds non-finite values")
+
+
+def resume_point(folder: str | Path, config: Mapping[str, Any], num_rounds: int,
+                 reference: Mapping[str, torch.Tensor] | None = None) -> Checkpoint | None:
     """The checkpoint a run with ``resume=true`` continues from, checked against its config.
 
     None: no checkpoint, start at round 0 -- allowed only while the folder's results hold no
     trained round (a run killed before its first checkpoint); rows of trained rounds without
     a checkpoint (``checkpoint-every=0``) cannot be continued and are never overwritten.
+    ``reference``: the model's state, which the checkpoint's arrays must fit (``check_tensors``).
     """
     ckpt = load_checkpoint(folder)
     if ckpt is None:
@@ -155,6 +166,7 @@ def resume_point(folder: str | Path, config: Mapping[str, Any], num_rounds: int)
                 f"{folder} holds results up to round {max(trained)} but no checkpoint (checkpoint-every=0?): it "
                 f"cannot be resumed; choose another run-name")
         return None
+    check_tensors(ckpt, reference, checkpoint_path(Path(folder)))
     check_resumable(ckpt.meta.get("config", {}), config)
     if ckpt.round > num_rounds:
         raise CheckpointError(f"the checkpoint is at round {ckpt.round}, past num-rounds={num_rounds}")
@@ -162,16 +174,9 @@ def resume_point(folder: str | Path, config: Mapping[str, Any], num_rounds: int)
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line torn by a crash
-            if isinstance(obj, dict) and isinstance(obj.get("round", 0), int):
-                rows.append(obj)
-    return rows
+    """The rows of a results file (its torn last line dropped); a malformed line is a
+    ``ResultsError`` naming it."""
+    return [obj for _, _, obj in parse_lines(path, torn_ok=True)] if path.exists() else []
 
 
 def strategy_state(strategy: object) -> dict[str, torch.Tensor | Scalar]:

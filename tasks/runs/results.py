@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from .safe_files import open_text, write_atomic
+
 PACKAGE = "celgc"
 
 
@@ -52,27 +54,16 @@ class ResultsWriter:
             return
         header = {"kind": "header", "config": config, "versions": versions(),
                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **(extra or {})}
-        with self.path.open("w") as f:
+        with open_text(self.path, "w") as f:
             f.write(json.dumps({k: _clean(v) for k, v in header.items()}) + "\n")
 
     def _keep_rows_until(self, last_round: int) -> None:
-        kept = []
-        for line in self.path.read_text().splitlines():
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line torn by the crash
-            if obj.get("kind") != "round" or int(obj.get("round", -1)) <= last_round:
-                kept.append(line)
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        with tmp.open("w") as f:
-            f.write("".join(line + "\n" for line in kept))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        kept = [line for _, line, obj in parse_lines(self.path, torn_ok=True)
+                if obj.get("kind") != "round" or obj["round"] <= last_round]
+        write_atomic(self.path, lambda f: f.write("".join(line + "\n" for line in kept).encode()))
 
     def row(self, values: dict[str, Any]) -> None:
-        with self.path.open("a") as f:
+        with open_text(self.path, "a") as f:
             f.write(json.dumps({"kind": "round", **{k: _clean(v) for k, v in values.items()}}) + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -127,14 +118,42 @@ class RunClock:
         return time.monotonic() - self.start - self.excluded
 
 
-def read_results(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(header, round rows) of a results file."""
-    header: dict[str, Any] = {}
-    rows = []
-    for line in Path(path).read_text().splitlines():
+class ResultsError(ValueError):
+    """A results file holds a line that is not one of a run's rows."""
+
+
+def parse_lines(path: str | Path, *, torn_ok: bool = False) -> list[tuple[int, str, dict[str, Any]]]:
+    """(line number, text, object) of every line of a results file, checked: each line a JSON
+    object, a round row's ``round`` an integer >= 0. ``torn_ok``: a last line that is not
+    JSON (torn by a crash mid-write) is dropped. Anything else is a ``ResultsError`` naming
+    the file and the line."""
+    path = Path(path)
+    lines = path.read_text().splitlines()
+    out = []
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        obj = json.loads(line)
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if torn_ok and number == len(lines):
+                continue
+            raise ResultsError(f"{path} line {number} is not JSON ({exc.msg}): {line[:80]!r}") from None
+        if not isinstance(obj, dict):
+            raise ResultsError(f"{path} line {number} is not a JSON object but {type(obj).__name__}: {line[:80]!r}")
+        if obj.get("kind", "round") == "round":
+            r = obj.get("round")
+            if not (isinstance(r, int) and not isinstance(r, bool) and r >= 0):
+                raise ResultsError(f"{path} line {number}: a round row needs \"round\", an integer >= 0, got {r!r}")
+        out.append((number, line, obj))
+    return out
+
+
+def read_results(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(header, round rows) of a results file (``parse_lines``' checks)."""
+    header: dict[str, Any] = {}
+    rows = []
+    for _, _, obj in parse_lines(path):
         if obj.get("kind") == "header":
             header = obj
         else:
@@ -143,12 +162,9 @@ def read_results(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]
 
 
 def save_weights(state: dict[str, torch.Tensor], path: str | Path) -> Path:
-    """Write a state dict atomically (temp file + rename)."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save({k: v.detach().cpu() for k, v in state.items()}, tmp)
-    os.replace(tmp, path)
-    return path
+    """Write a state dict atomically (exclusive temp file + rename, no symlink followed)."""
+    cpu = {k: v.detach().cpu() for k, v in state.items()}
+    return write_atomic(path, lambda f: torch.save(cpu, f))
 
 
 def load_weights(path: str | Path) -> dict[str, torch.Tensor]:

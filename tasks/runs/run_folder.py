@@ -9,8 +9,11 @@ the ServerApp and by the engine:
   refused at once, naming the folder and the holder.
 - a folder that already holds a run (``results.jsonl``, ``checkpoint.pt`` or ``model.pt``)
   is refused unless the run resumes it (``resume=true``), with the fix in the message.
-- checkpoint temp files left by a writer that was killed mid-write
-  (``.checkpoint.pt.<pid>.tmp``) are removed: the lock guarantees no live writer owns them.
+- temp files left by a writer that was killed mid-write (``.checkpoint.pt.<pid>.tmp``,
+  ``.model.pt.<pid>.tmp``, ``.results.jsonl.<pid>.tmp``) are removed: the lock guarantees no
+  live writer owns them.
+- no symlink is followed: a run folder that is a symlink is refused, and every file of the
+  run is opened without following one (``tasks.runs.safe_files``).
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .safe_files import open_fd, stale_patterns
+
 LOCK = ".lock"
 OWNED = ("results.jsonl", "checkpoint.pt", "model.pt")
-STALE = ".checkpoint.pt.*.tmp"
+STALE = stale_patterns(OWNED)
 
 
 class RunFolderError(RuntimeError):
@@ -38,9 +43,10 @@ def holds_a_run(folder: str | Path) -> list[str]:
 def remove_stale_temp_files(folder: str | Path) -> list[Path]:
     """Remove checkpoint temp files of killed writers; call only while holding the lock."""
     removed = []
-    for path in sorted(Path(folder).glob(STALE)):
-        path.unlink(missing_ok=True)
-        removed.append(path)
+    for pattern in STALE:
+        for path in sorted(Path(folder).glob(pattern)):
+            path.unlink(missing_ok=True)  # a symlink is removed itself, never its target
+            removed.append(path)
     return removed
 
 
@@ -76,8 +82,12 @@ def refusal(folder: Path, present: list[str]) -> str:
 def claim_run_folder(folder: str | Path, *, resume: bool) -> Iterator[Path]:
     """Own ``folder`` for the duration of the ``with`` block (see the module docstring)."""
     folder = Path(folder)
+    if folder.is_symlink():
+        raise RunFolderError(f"{folder} is a symlink to {os.readlink(folder)}: a run folder must be a real folder "
+                             "inside results-dir (a run writes nowhere else); remove the link or choose another "
+                             "run-name")
     folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_fd(folder / LOCK, os.O_RDWR | os.O_CREAT)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
