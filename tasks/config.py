@@ -217,12 +217,12 @@ def _coerce(key: str, typ: Any, value: Any) -> Any:
 
 
 #: what a run-name may hold: one path component, nothing a shell or a path would read as more
-_SAFE_NAME = re.compile(r"[A-Za-z0-9_.+=@,-]{1,200}")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_.+=@, -]{1,200}")
 
 
 def safe_component(name: str) -> bool:
     """Whether ``name`` is one safe folder name (not ``.``/``..``, no separator, no leading ``-``)."""
-    return bool(_SAFE_NAME.fullmatch(name)) and name not in (".", "..") and not name.startswith("-")
+    return bool(_SAFE_NAME.fullmatch(name)) and name not in (".", "..") and not name.startswith(("-", " "))
 
 
 def _check(ok: bool, message: str) -> None:
@@ -255,8 +255,8 @@ def _validate(c: RunConfig) -> None:
            "mean of the iterates is not checkpointed (resume with average-iterates=false, or run without resume)")
     _check(not c.resume or bool(c.run_name), "resume=true needs a fixed run-name (the folder holding the checkpoint)")
     _check(isinstance(c.run_name, str) and (not c.run_name or safe_component(c.run_name)),
-           f"run-name must be one folder name inside results-dir (letters, digits and . _ - + = @ ,, not . or .., "
-           f"no / or \\ and no leading -), got {c.run_name!r}")
+           f"run-name must be one folder name inside results-dir (letters, digits, spaces and . _ - + = @ ,, not . or .., "
+           f"no / or \\ and no leading - or space), got {c.run_name!r}")
     _check(not c.num_clients or c.min_replies <= c.num_clients,
            f"min-replies ({c.min_replies}) must be <= num-clients ({c.num_clients})")
     at_least("clients-per-round", c.clients_per_round, 0)

@@ -74,7 +74,7 @@ def test_a_symlinked_run_folder_is_refused(tmp_path, victim):
     assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
-@pytest.mark.parametrize("name", ["../..", "..", ".", "/abs", "a/b", "a\\b", "-rf", "x\x00y", "a b"])
+@pytest.mark.parametrize("name", ["../..", "..", ".", "/abs", "a/b", "a\\b", "-rf", "x\x00y", " lead"])
 def test_run_name_must_be_one_folder_name(name):
     with pytest.raises(ValueError, match=r"run-name must be one folder name inside results-dir .* got "):
         RunConfig.from_mapping({"run-name": name})
