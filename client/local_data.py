@@ -102,6 +102,9 @@ def local_data(node_config: dict, cfg: RunConfig) -> LocalData | None:
     pid = node_config.get("partition-id")
     if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid < 0):
         raise ValueError(f"partition-id must be an integer >= 0, got {pid!r}")
+    if cfg.valid_fraction > 0:
+        raise ValueError(f"valid-fraction = {cfg.valid_fraction:g} holds out a share of the simulated partitions; a host "
+                         f"with its own data ({KEY}) trains on all of it: run with valid-fraction = 0")
     path = data_file(cfg.task, directory)
     st = path.stat() if path.exists() else None
     task, idx, crc = _load(cfg, str(path.resolve()), (st.st_mtime_ns, st.st_size) if st else (0, 0))

@@ -37,11 +37,16 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import logging
 import math
+import multiprocessing
+import os
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,19 +56,32 @@ from tasks.config import RunConfig
 from tasks.overrides import parse_overrides
 
 from .summary import find_runs, load_run, print_table, summarize
+from .sweep import Point, Sweep, finished, parse_sweep, select_point, tuning_scores, write_manifest
 
 APP_DIR = Path(__file__).resolve().parents[1]  # the Flower app: the folder of pyproject.toml
 BACKENDS = ("flower", "inprocess", "engine")
 
 
-def load_experiment(path: str | Path, overrides: dict[str, Any] | None = None,
-                    results_dir: str | Path | None = None) -> dict[str, Any]:
-    """The run-config keys of an experiment file, validated, with absolute paths."""
+def read_experiment(path: str | Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(flat run-config keys, the ``[sweep]`` table or None) of an experiment file."""
     path = Path(path)
     data = tomllib.loads(path.read_text())
+    sweep = data.pop("sweep", None)
+    if sweep is not None and not isinstance(sweep, dict):
+        raise ValueError(f"{path}: 'sweep' must be a [sweep] table (simulations/sweep.py), got {sweep!r}")
     nested = [k for k, v in data.items() if isinstance(v, dict)]
     if nested:
-        raise ValueError(f"{path}: an experiment file is flat run-config keys, found tables {nested}")
+        raise ValueError(f"{path}: an experiment file is flat run-config keys (and an optional [sweep] table), "
+                         f"found tables {nested}")
+    return data, sweep
+
+
+def load_experiment(path: str | Path, overrides: dict[str, Any] | None = None,
+                    results_dir: str | Path | None = None) -> dict[str, Any]:
+    """The run-config keys of an experiment file, validated, with absolute paths (a sweep file's
+    shared keys: its points are ``load_plan``'s)."""
+    path = Path(path)
+    data, _ = read_experiment(path)
     values = {**data, **(overrides or {})}
     try:
         cfg = RunConfig.from_mapping(values)
@@ -73,6 +91,14 @@ def load_experiment(path: str | Path, overrides: dict[str, Any] | None = None,
     values["results-dir"] = str(Path(results_dir or cfg.results_dir).expanduser().resolve())
     values["run-name"] = cfg.run_name or f"{path.parent.name}-{path.stem}"
     return values
+
+
+def load_plan(path: str | Path, overrides: dict[str, Any] | None = None,
+              results_dir: str | Path | None = None) -> dict[str, Any] | Sweep:
+    """One run's keys, or the ``Sweep`` of a file with a ``[sweep]`` table (every point checked)."""
+    values = load_experiment(path, overrides, results_dir)
+    _, table = read_experiment(path)
+    return values if table is None else parse_sweep(Path(path), values, table)
 
 
 def run_experiment(values: dict[str, Any], backend: str = "flower", federation: dict[str, Any] | None = None,
@@ -104,29 +130,206 @@ def run_experiment(values: dict[str, Any], backend: str = "flower", federation: 
     return folder
 
 
+@dataclass
+class Job:
+    """One run to do: its keys, and the sweep point it is (None: a plain experiment file)."""
+
+    file: Path
+    values: dict[str, Any]
+    sweep: Sweep | None = None
+    point: Point | None = None
+
+
+def auto_jobs(backend: str) -> int:
+    """Parallel runs sized to the machine: one per GPU where runs use CUDA, else one per CPU core;
+    the Flower backend runs one at a time (each run starts a SuperLink of its own)."""
+    if backend == "flower":
+        return 1
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else (os.cpu_count() or 1)
+
+
+def _worker_init(threads: int, gpus: int, counter: Any) -> None:
+    """A pool worker: ``threads`` torch threads, and its own GPU when there are several."""
+    with counter.get_lock():
+        index = counter.value
+        counter.value += 1
+    if gpus > 1:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(index % gpus)
+    import torch
+
+    torch.set_num_threads(threads)
+    logging.getLogger("simulations.engine").setLevel(logging.WARNING)
+
+
+def _run_job(values: dict[str, Any], backend: str, federation: dict[str, Any] | None, timeout: float) -> float:
+    """One run in a pool worker (the engine in this process: no start-up per run); its seconds."""
+    t0 = time.monotonic()
+    if backend == "engine":
+        from .engine.run import run_engine
+
+        run_engine(RunConfig.from_mapping(values), show_progress=False)
+    else:
+        run_experiment(values, backend, federation, timeout)
+    return time.monotonic() - t0
+
+
 def run_all(files: Sequence[str | Path], backend: str = "flower", overrides: dict[str, Any] | None = None,
             results_dir: str | Path | None = None, federation: dict[str, Any] | None = None,
-            timeout: float = math.inf, fail_fast: bool = False) -> list[dict[str, Any]]:
-    """Run every file in turn; the summary lines (with ``status``, ``elapsed``, ``error``)."""
-    experiments = [(Path(f), load_experiment(f, overrides, results_dir)) for f in files]  # all valid first
-    lines = []
-    for path, values in experiments:
-        t0 = time.monotonic()
-        try:
-            folder = run_experiment(values, backend, federation, timeout)
-            line = {"status": "ok", **summarize(load_run(folder))}
-        except Exception as exc:  # report and go on with the next experiment
-            line = {"status": "failed", "run": values["run-name"], "error": f"{type(exc).__name__}: {exc}"[:2000]}
-            if fail_fast:
-                lines.append({**line, "file": str(path), "elapsed": time.monotonic() - t0})
-                break
-        lines.append({**line, "file": str(path), "elapsed": time.monotonic() - t0})
+            timeout: float = math.inf, fail_fast: bool = False, jobs: int = 1,
+            progress: bool = False) -> list[dict[str, Any]]:
+    """Run every file (a sweep file: its points); the summary lines (``status``, ``elapsed``, ``error``).
+
+    Plain files and every sweep's tuning points run first, ``jobs`` at a time; then each sweep's
+    selected point runs on its remaining seeds. A sweep point whose folder holds its finished run
+    is skipped (``status = "skipped"``); an unfinished one resumes from its checkpoint."""
+    plans = [(Path(f), load_plan(f, overrides, results_dir)) for f in files]  # all valid first
+    sweeps = [plan for _, plan in plans if isinstance(plan, Sweep)]
+    stage1 = [Job(path, plan) if not isinstance(plan, Sweep) else None for path, plan in plans]
+    first = [job for job in stage1 if job is not None]
+    first += [Job(sw.file, sw.values_for(p), sw, p) for sw in sweeps for p in sw.points]
+    total = len(first) + sum(sw.second_stage_runs for sw in sweeps)
+    jobs = max(1, jobs or auto_jobs(backend))
+    elapsed: dict[str, float] = {}
+    with SweepProgress(total, enabled=progress) as bar:
+        lines = _execute(first, backend, federation, timeout, fail_fast, jobs, bar, elapsed)
+        second = []
+        for sw in sweeps:
+            ok = all(line["status"] != "failed" for line in lines if line.get("sweep") == sw.name)
+            selected = select_point(sw.grid, sw.select, tuning_scores(sw)) if ok else None
+            write_manifest(sw, elapsed, selected)
+            if selected is not None:
+                second += [Job(sw.file, sw.values_for(p), sw, p) for p in sw.final(selected)]
+            else:
+                bar.advance(sw.second_stage_runs)
+        if second and not (fail_fast and any(line["status"] == "failed" for line in lines)):
+            lines += _execute(second, backend, federation, timeout, fail_fast, jobs, bar, elapsed)
+        for sw in sweeps:
+            write_manifest(sw, elapsed, _selected(sw))
     return lines
+
+
+def _selected(sweep: Sweep) -> tuple[tuple[str, Any], ...] | None:
+    from .sweep import read_manifest
+
+    data = read_manifest(sweep.manifest)
+    return None if data.get("selected") is None else tuple(data["selected"].items())
+
+
+def _execute(todo: list[Job], backend: str, federation: dict[str, Any] | None, timeout: float, fail_fast: bool,
+             jobs: int, bar: SweepProgress, elapsed: dict[str, float]) -> list[dict[str, Any]]:
+    lines: list[dict[str, Any] | None] = [None] * len(todo)
+    pending: list[int] = []
+    for i, job in enumerate(todo):
+        name = job.values["run-name"]
+        folder = Path(job.values["results-dir"]) / name
+        if job.sweep is not None:
+            try:
+                if finished(folder, job.values):
+                    lines[i] = _line(job, "skipped", 0.0, folder)
+                    bar.advance(1, name)
+                    continue
+            except Exception as exc:  # another config in the folder: reported, never overwritten
+                lines[i] = _line(job, "failed", 0.0, error=exc)
+                bar.advance(1, name)
+                continue
+            if (folder / "results.jsonl").is_file():  # an interrupted point
+                if (folder / "checkpoint.pt").is_file() and not job.values.get("average-iterates"):
+                    job.values = {**job.values, "resume": True}  # on from its checkpoint
+                else:  # nothing to resume from: its partial folder is kept aside, the point starts again
+                    folder.rename(folder.with_name(f"{name}.interrupted-{time.strftime('%Y%m%d-%H%M%S')}"))
+        pending.append(i)
+
+    def done(i: int, seconds: float | None, exc: BaseException | None) -> bool:
+        job = todo[i]
+        name = job.values["run-name"]
+        if exc is None:
+            elapsed[name] = seconds or 0.0
+            lines[i] = _line(job, "ok", seconds or 0.0, Path(job.values["results-dir"]) / name)
+        else:
+            lines[i] = _line(job, "failed", seconds or 0.0, error=exc)
+        bar.advance(1, name)
+        return exc is not None and fail_fast
+
+    if jobs == 1 or len(pending) <= 1:
+        for i in pending:
+            t0 = time.monotonic()
+            try:
+                if todo[i].sweep is not None and backend == "engine":
+                    _run_job(todo[i].values, backend, federation, timeout)  # in this process: no start-up per run
+                else:
+                    run_experiment(todo[i].values, backend, federation, timeout)
+                stop = done(i, time.monotonic() - t0, None)
+            except Exception as exc:  # report and go on with the next run
+                stop = done(i, time.monotonic() - t0, exc)
+            if stop:
+                break
+    else:
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        gpus = auto_jobs(backend) if backend != "flower" and _cuda() else 0
+        ctx = multiprocessing.get_context("spawn")  # fork after torch has run can deadlock
+        counter = ctx.Value("i", 0)
+        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init, initargs=(threads, gpus, counter)) as pool:
+            futures = {pool.submit(_run_job, todo[i].values, backend, federation, timeout): i for i in pending}
+            for future in as_completed(futures):
+                exc = future.exception()
+                if done(futures[future], None if exc else future.result(), exc):
+                    for f in futures:
+                        f.cancel()
+                    break
+    return [line for line in lines if line is not None]
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _line(job: Job, status: str, seconds: float, folder: Path | None = None,
+          error: BaseException | None = None) -> dict[str, Any]:
+    line: dict[str, Any] = {"status": status, "run": job.values["run-name"]}
+    if folder is not None and status != "failed":
+        line.update(summarize(load_run(folder)))
+    if error is not None:
+        line["error"] = f"{type(error).__name__}: {error}"[:2000]
+    if job.sweep is not None:
+        line["sweep"] = job.sweep.name
+    return {**line, "file": str(job.file), "elapsed": seconds}
+
+
+class SweepProgress:
+    """One bar over every run of the command (rich, on stderr); a no-op when disabled."""
+
+    def __init__(self, total: int, enabled: bool = True) -> None:
+        self.total, self.enabled = total, enabled and total > 1
+        self._progress: Any = None
+
+    def __enter__(self) -> SweepProgress:
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self._progress = Progress(TextColumn("[bold]runs[/]"), MofNCompleteColumn(), BarColumn(),
+                                      TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[last]}"),
+                                      console=Console(stderr=True))
+            self._progress.__enter__()
+            self._task = self._progress.add_task("runs", total=self.total, last="")
+        return self
+
+    def advance(self, n: int, last: str = "") -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, advance=n, last=last)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m simulations.runner", description=__doc__.split("\n\n")[0])
-    parser.add_argument("experiments", nargs="*", help="experiment files (flat TOML run-config keys)")
+    parser.add_argument("experiments", nargs="*", help="experiment files (flat TOML run-config keys, optional [sweep])")
     parser.add_argument("--backend", choices=BACKENDS, default="flower")
     parser.add_argument("--results-dir", help="where run folders go (default: each file's results-dir, 'results')")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -135,6 +338,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="Flower simulation settings, e.g. 'client-resources-num-gpus=0.125'")
     parser.add_argument("--timeout", type=float, default=0.0, help="seconds per run (0: no limit)")
     parser.add_argument("--fail-fast", action="store_true", help="stop at the first failed run")
+    parser.add_argument("--jobs", type=int, default=0,
+                        help="runs at a time (0: with sweeps one per CPU core, or per GPU; else 1; flower: 1)")
+    parser.add_argument("--compare", metavar="OUT", help="then select on validation and write the comparison "
+                        "(table, figures with bands: simulations.compare) of the results-dir into OUT")
+    parser.add_argument("--target", type=float, help="the level of rounds/bytes-to-target in --compare")
     parser.add_argument("--summarize", nargs="+", metavar="RESULTS", help="only print the table of existing results")
     ns = parser.parse_args(argv)
     if ns.summarize:
@@ -142,17 +350,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not ns.experiments:
         parser.error("give experiment files (or --summarize RESULTS)")
+    if ns.jobs < 0:
+        parser.error(f"--jobs must be >= 0, got {ns.jobs}")
+    overrides = parse_overrides(ns.set)
     try:
-        lines = run_all(ns.experiments, ns.backend, parse_overrides(ns.set), ns.results_dir,
-                        parse_overrides(ns.federation_config), ns.timeout or math.inf, ns.fail_fast)
+        plans = [load_plan(f, overrides, ns.results_dir) for f in ns.experiments]
+        any_sweep = any(isinstance(p, Sweep) for p in plans)
+        jobs = 1 if ns.backend == "flower" else ns.jobs or (auto_jobs(ns.backend) if any_sweep else 1)
+        lines = run_all(ns.experiments, ns.backend, overrides, ns.results_dir, parse_overrides(ns.federation_config),
+                        ns.timeout or math.inf, ns.fail_fast, jobs=jobs, progress=any_sweep)
     except (ValueError, FileNotFoundError, tomllib.TOMLDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print_table(lines, title=f"Experiments ({ns.backend})")
-    out = Path(load_experiment(ns.experiments[0], parse_overrides(ns.set), ns.results_dir)["results-dir"])
+    shown = [line for line in lines if "sweep" not in line or line["status"] == "failed"]
+    if shown:
+        print_table(shown, title=f"Experiments ({ns.backend})")
+    for plan in plans:
+        if isinstance(plan, Sweep):
+            mine = [line for line in lines if line.get("sweep") == plan.name]
+            counts = {s: sum(line["status"] == s for line in mine) for s in ("ok", "skipped", "failed")}
+            chosen = _selected(plan)
+            print(f"sweep {plan.name}: {counts['ok']} run, {counts['skipped']} skipped (finished before), "
+                  f"{counts['failed']} failed; selected on {plan.select}: "
+                  + (", ".join(f"{k}={v}" for k, v in chosen) if chosen else "-") + f"  ({plan.manifest})")
+    out = Path(load_experiment(ns.experiments[0], overrides, ns.results_dir)["results-dir"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(lines, indent=1, default=str) + "\n")
-    return 1 if any(line["status"] != "ok" for line in lines) else 0
+    if ns.compare:
+        from .compare import compare
+
+        compare([out], ns.compare, target=ns.target)
+    return 1 if any(line["status"] == "failed" for line in lines) else 0
 
 
 if __name__ == "__main__":

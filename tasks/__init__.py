@@ -39,8 +39,15 @@ def load_task(cfg: RunConfig) -> Task:
     if ":" in cfg.task:
         from .custom import import_task
 
-        return check_task(import_task(cfg), f"task {cfg.task!r}")
-    return check_task(_builtin(cfg), f"task {cfg.task!r}")
+        task = check_task(import_task(cfg), f"task {cfg.task!r}")
+    else:
+        task = check_task(_builtin(cfg), f"task {cfg.task!r}")
+    if cfg.eval_subsample > 1:
+        if not callable(getattr(task, "test_subsample", None)):
+            raise ValueError(f"eval-subsample = {cfg.eval_subsample}: task {cfg.task!r} has no test_subsample(k) "
+                             "(tasks/protocol.py); leave eval-subsample at 1")
+        task = task.test_subsample(cfg.eval_subsample)
+    return task
 
 
 def _builtin(cfg: RunConfig) -> object:
@@ -85,14 +92,44 @@ def cached_task(cfg: RunConfig) -> Task:
 
 @lru_cache(maxsize=4)
 def partitions(cfg: RunConfig) -> tuple[np.ndarray, ...]:
-    """All clients' index sets, from (seed, num-clients, partitioner) alone."""
-    from .partition import partition
+    """All clients' training index sets, from (seed, num-clients, partitioner) alone; with
+    ``valid-fraction`` > 0 each without its held-out validation share (``splits``)."""
+    return tuple(kept for kept, _ in splits(cfg))
+
+
+@lru_cache(maxsize=4)
+def splits(cfg: RunConfig) -> tuple[tuple[Any, Any], ...]:
+    """(training part, validation part) per client. ``valid-fraction`` = f > 0 holds out a seeded
+    share f of every client's training data (``tasks.partition.hold_out``, or the task's own
+    ``hold_out`` -- e.g. Shakespeare's windows overlap, so its share is a client's last windows);
+    the central validation set (``validation_set``) is the union of the held-out shares."""
+    from .partition import hold_out, partition
 
     task = cached_task(cfg)
     if hasattr(task, "client_partitions"):  # e.g. language models: one token stream per client
-        return tuple(task.client_partitions(cfg))
-    return tuple(partition(task.labels, cfg.num_clients, cfg.partitioner, cfg.seed,
-                           similarity=cfg.similarity, alpha=cfg.dirichlet_alpha))
+        parts = list(task.client_partitions(cfg))
+    else:
+        parts = partition(task.labels, cfg.num_clients, cfg.partitioner, cfg.seed,
+                          similarity=cfg.similarity, alpha=cfg.dirichlet_alpha, min_size=cfg.dirichlet_min_size)
+    if cfg.valid_fraction <= 0:
+        return tuple((p, None) for p in parts)
+    carve = getattr(task, "hold_out", None)
+    if carve is None and hasattr(task, "client_partitions"):
+        raise ValueError(f"valid-fraction = {cfg.valid_fraction:g}: task {cfg.task!r} splits its data into streams "
+                         "of its own and defines no hold_out (a language task has its own validation stream: "
+                         "leave valid-fraction at 0)")
+    carve = carve or hold_out
+    return tuple(carve(p, cfg.valid_fraction, cfg.seed, pid) for pid, p in enumerate(parts))
+
+
+def validation_set(cfg: RunConfig) -> np.ndarray | None:
+    """The central validation set: every client's held-out indices, in client order (None when
+    ``valid-fraction`` = 0)."""
+    import numpy as np
+
+    if cfg.valid_fraction <= 0:
+        return None
+    return np.concatenate([held for _, held in splits(cfg)])
 
 
 def check_partitions(cfg: RunConfig, parts: Sequence[Any] | None = None) -> None:

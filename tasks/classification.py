@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -81,6 +82,10 @@ class ClassificationTask:
     def loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
         x, y = batch
         return F.cross_entropy(model(x), y)
+
+    def test_subsample(self, k: int) -> ClassificationTask:
+        """The same task evaluated on every ``k``-th test example (``eval-subsample``)."""
+        return dataclasses.replace(self, test_x=self.test_x[::k], test_y=self.test_y[::k], _device_cache={})
 
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         """Mean loss and accuracy of ``model`` on the test set."""

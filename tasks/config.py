@@ -70,6 +70,7 @@ class RunConfig:
     partitioner: str = _key("partitioner", "homogeneous, similarity or dirichlet", default="homogeneous")
     similarity: float = _key("similarity", "s in [0, 100]: % of each class dealt i.i.d. (similarity partitioner)", default=0.0)
     dirichlet_alpha: float = _key("dirichlet-alpha", "alpha > 0 of the Dirichlet label skew", default=0.5)
+    dirichlet_min_size: int = _key("dirichlet-min-size", "redraw the Dirichlet split until every client holds this many examples (0: any non-empty split)", default=0)
     seed: int = _key("seed", "seed of model init, partitions and minibatches", default=0)
     data_dir: str = _key("data-dir", "where data sets live (cifar10, ptb, wikitext2, shakespeare; given to your own task's factory)", default="data")
     download: bool = _key("download", "allow downloading a data set that is missing", default=False)
@@ -87,6 +88,8 @@ class RunConfig:
     average_iterates: bool = _key("average-iterates", "evaluate the running mean of the global models once valid-loss stops improving (nonmono evaluations)", default=False)
     nonmono: int = _key("nonmono", "evaluations without a new best valid-loss before average-iterates starts", default=5)
     eval_train: bool = _key("eval-train", "also evaluate the global model on the whole training set at each evaluation (train-eval-*)", default=False)
+    valid_fraction: float = _key("valid-fraction", "share of each client's training data held out (seeded) as the validation set: valid-loss, valid-accuracy; 0: none", default=0.0)
+    eval_subsample: int = _key("eval-subsample", "evaluate on every k-th test example (1: all; cuts evaluation time on a CPU)", default=1)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -251,6 +254,10 @@ def _validate(c: RunConfig) -> None:
     at_least("seed", c.seed, 0)
     at_least("min-replies", c.min_replies, 0)
     at_least("checkpoint-every", c.checkpoint_every, 0)
+    at_least("eval-subsample", c.eval_subsample, 1)
+    at_least("dirichlet-min-size", c.dirichlet_min_size, 0)
+    _check(isinstance(c.valid_fraction, float) and 0 <= c.valid_fraction < 0.5,
+           f"valid-fraction must be in [0, 0.5) (the share of each client's training data held out), got {c.valid_fraction!r}")
     _check(not (c.resume and c.average_iterates), "resume=true with average-iterates=true is not supported: the running "
            "mean of the iterates is not checkpointed (resume with average-iterates=false, or run without resume)")
     _check(not c.resume or bool(c.run_name), "resume=true needs a fixed run-name (the folder holding the checkpoint)")

@@ -29,6 +29,8 @@ PARTITIONERS = ("homogeneous", "similarity", "dirichlet")
 
 #: Dirichlet draws tried before empty clients are filled by moving single examples.
 _DIRICHLET_TRIES = 10
+#: Dirichlet draws tried to give every client ``min_size`` examples.
+_MIN_SIZE_TRIES = 10_000
 
 
 def _is_int(value: object) -> bool:
@@ -159,8 +161,12 @@ def similarity(
 _similarity = similarity  # reachable inside partition(), whose keyword shadows the name
 
 
-def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, seed: int) -> list[np.ndarray]:
+def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, seed: int, min_size: int = 0) -> list[np.ndarray]:
     """Per-class Dirichlet split (Hsu et al., 2019).
+
+    ``min_size`` > 0 (``dirichlet-min-size``) redraws all classes from the same generator until every
+    client holds at least ``min_size`` examples (the NIID-Bench convention, Li et al. 2022, which redraws
+    until each party has 10), up to ``_MIN_SIZE_TRIES`` draws, else a ValueError; 0 keeps the rule below.
 
     For each class (ascending label), proportions ``p ~ Dirichlet(alpha * ones(num_clients))``
     are drawn and the class's shuffled indices are cut at ``round(cumsum(p) * count)``.
@@ -191,9 +197,12 @@ def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, seed: int) -> 
     if not _is_real(alpha) or not (0 < alpha < math.inf):
         raise ValueError(f"dirichlet-alpha must be a finite number > 0, got {alpha!r}")
     _check_seed(seed)
+    if not _is_int(min_size) or min_size < 0 or min_size * num_clients > labels.size:
+        raise ValueError(f"dirichlet-min-size must be an integer in [0, {labels.size // num_clients}] for {labels.size} "
+                         f"examples and {num_clients} clients, got {min_size!r}")
     rng = np.random.default_rng(seed)
     classes = _class_indices(labels, rng)
-    for _ in range(_DIRICHLET_TRIES):
+    for _ in range(_MIN_SIZE_TRIES if min_size else _DIRICHLET_TRIES):
         buckets: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
         for idx in classes:
             p = rng.dirichlet(np.full(num_clients, float(alpha)))
@@ -201,8 +210,11 @@ def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, seed: int) -> 
             for i, piece in enumerate(np.split(idx, np.clip(cuts, 0, idx.size))):
                 buckets[i].append(piece)
         parts = [np.concatenate(b).astype(np.int64) for b in buckets]
-        if all(p.size for p in parts):
+        if all(p.size >= max(1, min_size) for p in parts):
             break
+    if min_size and min(p.size for p in parts) < min_size:
+        raise ValueError(f"dirichlet-alpha = {alpha:g}: no draw in {_MIN_SIZE_TRIES} gave every one of {num_clients} clients "
+                         f"{min_size} examples; lower dirichlet-min-size or num-clients, or raise dirichlet-alpha")
     for i in range(num_clients):
         if parts[i].size == 0:
             donor = int(np.argmax([p.size for p in parts]))
@@ -218,6 +230,7 @@ def partition(
     *,
     similarity: float = 0.0,
     alpha: float = 0.5,
+    min_size: int = 0,
 ) -> list[np.ndarray]:
     """Split ``range(len(labels))`` with the partitioner named ``kind``.
 
@@ -235,6 +248,8 @@ def partition(
         Percent i.i.d. for ``kind="similarity"``.
     alpha : float, optional
         Concentration for ``kind="dirichlet"``.
+    min_size : int, optional
+        Fewest examples per client for ``kind="dirichlet"`` (redraws; 0: any non-empty split).
 
     Returns
     -------
@@ -247,7 +262,7 @@ def partition(
     if kind == "similarity":
         return _similarity(labels, num_clients, similarity, seed)
     if kind == "dirichlet":
-        return dirichlet(labels, num_clients, alpha, seed)
+        return dirichlet(labels, num_clients, alpha, seed, min_size)
     raise ValueError(f"partitioner must be one of {', '.join(PARTITIONERS)}, got {kind!r}")
 
 
@@ -280,3 +295,21 @@ def label_histogram(
     for i, part in enumerate(parts):
         hist[i] = np.bincount(labels[np.asarray(part, dtype=np.int64)], minlength=num_classes)
     return hist
+
+
+def hold_out(part: np.ndarray, fraction: float, seed: int, partition_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, held) of one client's training indices: ``round(fraction * n)`` of them (at least
+    one when ``fraction > 0``, never all) drawn by ``default_rng([seed, partition_id, 0x76616C])``
+    for validation, the rest kept in their original order. ``fraction = 0`` keeps everything."""
+    part = np.asarray(part)
+    if fraction <= 0:
+        return part, part[:0]
+    n = len(part)
+    if n < 2:
+        raise ValueError(f"client {partition_id} holds {n} example(s): too few to hold out a validation share")
+    m = min(n - 1, max(1, int(round(fraction * n))))
+    rng = np.random.default_rng([seed, partition_id, 0x76616C])
+    held = np.zeros(n, dtype=bool)
+    held[rng.choice(n, size=m, replace=False)] = True
+    return part[~held], part[held]
+

@@ -26,6 +26,7 @@ training windows.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -127,6 +128,22 @@ class ShakespeareTask:
     def loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
         x, y = batch
         return F.cross_entropy(model(x), y)
+
+    def hold_out(self, part: np.ndarray, fraction: float, seed: int, partition_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """(training, validation) windows of one client (``valid-fraction``): the last
+        ``round(fraction * n)`` windows validate and the ``seq_len - 1`` before them are dropped, as
+        LEAF's test windows start after a gap, so no training window holds a validation target
+        (the same for every seed: the split is the data's own)."""
+        n = len(part)
+        m = max(1, int(round(fraction * n)))
+        if n - m - (self.seq_len - 1) < 1:
+            raise ValueError(f"client {partition_id} has {n} training windows: too few to hold out {m} for validation "
+                             f"behind a gap of {self.seq_len - 1}")
+        return part[: n - m - (self.seq_len - 1)], part[n - m:]
+
+    def test_subsample(self, k: int) -> ShakespeareTask:
+        """The same task evaluated on every ``k``-th test window (``eval-subsample``)."""
+        return dataclasses.replace(self, test_starts=self.test_starts[::k], _device_cache={})
 
     # --- evaluation -----------------------------------------------------------------
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:

@@ -14,7 +14,8 @@ from client.app import app as client_app
 from server.app import app as server_app
 from server.app import initial_model
 from simulations.loopback import LoopbackGrid, run_server_app
-from simulations.runner import load_experiment
+from simulations.runner import load_experiment, load_plan
+from simulations.sweep import Sweep
 from strategies.local_update import RoundSettings
 from tasks import load_task
 from tasks.config import RunConfig
@@ -43,13 +44,34 @@ def test_files_are_flat_overrides_that_flwr_and_runconfig_read():
     assert len(FILES) > 40
     names = set()
     for path in FILES:
-        flat = parse_config_args([str(path)])  # what `flwr run . --run-config FILE.toml` does
-        assert flat == tomllib.loads(path.read_text()), path
-        assert set(flat) <= APP_KEYS, (path, set(flat) - APP_KEYS)
-        cfg = RunConfig.from_toml(path)
-        assert cfg == RunConfig.from_mapping(flat)
-        assert cfg.run_name and cfg.run_name not in names, path
-        names.add(cfg.run_name)
+        data = tomllib.loads(path.read_text())
+        sweep = data.pop("sweep", None)
+        assert set(data) <= APP_KEYS, (path, set(data) - APP_KEYS)
+        if sweep is None:  # a plain file is also a `flwr run . --run-config FILE.toml` override file
+            flat = parse_config_args([str(path)])
+            assert flat == data, path
+            cfg = RunConfig.from_toml(path)
+            assert cfg == RunConfig.from_mapping(flat)
+            assert cfg.run_name and cfg.run_name not in names, path
+            names.add(cfg.run_name)
+        else:  # a sweep: every point a valid config with a folder of its own
+            plan = load_plan(path, results_dir="unused")
+            assert isinstance(plan, Sweep) and len(plan.seeds) >= 3, path
+            for point in plan.points:
+                name = plan.values_for(point)["run-name"]
+                assert name not in names, path
+                names.add(name)
+
+
+def test_heterogeneity_sweeps_give_every_method_the_same_budget_and_five_seeds():
+    plans = {p.stem: load_plan(p, results_dir="unused") for p in sorted((EXPERIMENTS / "hetero-digits").glob("*.toml"))}
+    assert {k.split("-", 1)[0] for k in plans} == {"a0.05", "a0.1", "a1", "iid"}
+    for name, plan in plans.items():
+        cfg = RunConfig.from_mapping(plan.base)
+        assert cfg.num_rounds * cfg.local_steps == 160 and cfg.batch_size == 32, name
+        assert plan.seeds == [0, 1, 2, 3, 4] and plan.tune_seeds == 2 and cfg.valid_fraction == 0.1
+        assert ("clip" in plan.grid) == cfg.clipping, name  # each tuned on its own grid: lr (and clip when it clips)
+        assert len(plan.grid["lr"]) >= 3
 
 
 @pytest.mark.parametrize("folder", ["cifar10", "cifar10-hetero", "ptb", "ptb-hetero", "wikitext2", "wikitext2-hetero"])

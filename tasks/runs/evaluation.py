@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from strategies.iterate_average import IterateAverage
 
+from .. import validation_set
 from ..config import RunConfig
 
 #: The loss that drives the trigger: the validation loss, or the test loss for tasks without
@@ -28,6 +29,7 @@ class Evaluator:
         if cfg.eval_train and not callable(getattr(task, "evaluate_train", None)):
             raise ValueError(f"eval-train = true but task {cfg.task!r} has no evaluate_train (tasks/protocol.py)")
         self.task, self.model, self.device = task, model, device
+        self.valid = validation_set(cfg)  # valid-fraction > 0: the clients' held-out shares
         self.eval_train = cfg.eval_train
         self.average = IterateAverage(cfg.nonmono) if cfg.average_iterates else None
 
@@ -37,6 +39,9 @@ class Evaluator:
             state = self.average.at_evaluation(state)
         self.model.load_state_dict(state)
         metrics: dict[str, float | int] = dict(self.task.evaluate(self.model, self.device))
+        if self.valid is not None:
+            held = self.task.evaluate_indices(self.model, self.device, self.valid)
+            metrics.update({f"valid-{k.split('-', 1)[1]}": v for k, v in held.items()})
         if self.eval_train:
             metrics.update(self.task.evaluate_train(self.model, self.device))
         if self.average is not None:

@@ -1,0 +1,287 @@
+"""Compare tuned methods from sweep results: selection on validation, statistics over seeds, figures with bands.
+
+    python -m simulations.compare runs/hetero --out docs/figures/heterogeneity [--target 0.95]
+
+Reads every sweep manifest (``<run-name>.sweep.json``, written by ``python -m simulations.runner``) under
+the given folders. Per sweep (one method in one setting) it takes the grid point selected on validation
+(``simulations.sweep.select_point``, recomputed from the runs and checked against the manifest) and its
+runs on every seed, and reports the test metric's last value as mean ± sample std with the 95 %
+Student-t interval over the seeds, rounds and MB to the target (mean and interval over the seeds that
+reached it, and how many did), the training time per local step, and the compute time of the whole
+sweep (every grid point and seed, as each run's process measured it). Writes ``comparison.md`` (the
+table), ``comparison.json`` and per setting (task and split) ``<setting>-bands.png``: the metric's mean
+over seeds with its 95 % band against local steps per client and against MB communicated, and
+``by-setting.png``: the final metric with its interval per method and setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .stats import Summary, band, summary
+from .summary import Run, common_target, human_bytes, load_run, rounds_to_target
+from .sweep import find_manifests, format_value, last_value, read_manifest, select_point
+
+
+@dataclass
+class Compared:
+    """One sweep's selected point and its runs over the seeds."""
+
+    name: str
+    setting: str
+    method: str
+    selected: dict[str, Any]
+    runs: list[Run]
+    select: str
+    valid: Summary
+    sweep_runs: int
+    compute_seconds: float
+
+    @property
+    def metric(self) -> tuple[str, str]:
+        return self.runs[0].metric
+
+
+def load_compared(path: Path) -> Compared:
+    """The selected point of the sweep in manifest ``path`` and its runs (every seed finished)."""
+    manifest = read_manifest(path)
+    folder = path.parent
+    select = manifest["select"]
+    selected = manifest.get("selected")
+    if selected is None:
+        raise ValueError(f"{path}: the sweep has no selected point yet (its tuning runs did not all finish)")
+    tuned_elsewhere = bool(manifest.get("tune"))
+    # the selection recomputed from the runs: the manifest must agree with the results
+    scores: dict[tuple, list[float | None]] = defaultdict(list)
+    for name, entry in manifest["runs"].items():
+        if entry.get("stage") == 1:
+            scores[tuple(entry["values"].items())].append(last_value(folder / name, select))
+    best = dict(select_point(manifest["grid"], select, scores))
+    if best != selected:
+        raise ValueError(f"{path}: the manifest's selected point {selected} is not the best on {select} in the "
+                         f"results ({best}): rerun the runner to update it")
+    finals = [n for n, e in manifest["runs"].items() if e["values"] == selected
+              and (e["stage"] == 2 or (e["stage"] == 1 and not tuned_elsewhere))]
+    runs = [load_run(folder / n) for n in sorted(finals, key=lambda n: manifest["runs"][n]["seed"])]
+    for run in runs:
+        if not run.rows or int(run.rows[-1].get("round", -1)) != int(run.config.get("num-rounds", -2)):
+            raise ValueError(f"{run.folder}: the run has not finished: rerun the runner (finished runs are skipped)")
+    valid = [last_value(r.folder, select) for r in runs]
+    compute = sum(float(e.get("elapsed") or 0.0) for e in manifest["runs"].values())
+    return Compared(manifest["run-name"], runs[0].group, runs[0].label, selected, runs, select,
+                    summary([v for v in valid if v is not None]), len(manifest["runs"]), compute)
+
+
+def final_values(c: Compared) -> list[float | None]:
+    key, _ = c.metric
+    out = []
+    for run in c.runs:
+        series = run.series(key)
+        out.append(series[-1][1] if series and series[-1][0] is run.rows[-1] else None)
+    return out
+
+
+def step_time(run: Run) -> float | None:
+    """Training seconds per local step of one client (wall-clock, evaluation excluded, / client-steps)."""
+    last = run.rows[-1] if run.rows else {}
+    cfg = run.config
+    clients = int(cfg.get("clients-per-round") or 0) or int(cfg.get("num-clients") or 1)
+    steps = int(last.get("round", 0)) * int(cfg.get("local-steps", 1)) * clients
+    clock = last.get("wall-clock")
+    return float(clock) / steps if steps and isinstance(clock, (int, float)) else None
+
+
+def table(compared: Sequence[Compared], target: dict[str, float | None]) -> tuple[str, list[dict[str, Any]]]:
+    """The markdown table and its rows as data."""
+    lines = ["| setting | method | selected | seeds | validation (" + "/".join(sorted({c.select for c in compared}))
+             + ") | final test: mean ± std | 95 % interval | target | rounds to target | MB to target "
+               "| s per local step | sweep runs | sweep compute (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    data = []
+    for c in compared:
+        key, better = c.metric
+        finals = final_values(c)
+        diverged = sum(v is None for v in finals)
+        s = summary([v for v in finals if v is not None])
+        goal = target.get(c.setting)
+        hits = [rounds_to_target(r, goal, key, better) if goal is not None else None for r in c.runs]
+        reached = [h for h in hits if h is not None]
+        rounds = summary([h["round"] for h in reached])
+        mbytes = summary([h["bytes"] / 1e6 for h in reached])
+        times = [t for t in (step_time(r) for r in c.runs) if t is not None]
+        row = {"setting": c.setting, "method": c.method, "selected": c.selected, "seeds": len(c.runs),
+               "metric": key, "final": finals, "final-summary": s.__dict__, "diverged": diverged,
+               "valid": c.valid.__dict__, "target": goal, "reached": len(reached),
+               "rounds-to-target": rounds.__dict__, "mb-to-target": mbytes.__dict__,
+               "step-seconds": sum(times) / len(times) if times else None,
+               "sweep-runs": c.sweep_runs, "sweep-compute-seconds": c.compute_seconds}
+        data.append(row)
+        pct = 100.0 if key.endswith("accuracy") else 1.0
+        sel = ", ".join(f"{_greek(k)} {format_value(v)}" for k, v in c.selected.items()) or "-"
+        final_txt = "diverged on every seed" if s.mean is None else f"{s.mean * pct:.2f} ± {(s.std or 0) * pct:.2f}"
+        if diverged and s.mean is not None:
+            final_txt += f" ({diverged} diverged)"
+        ci = "-" if s.low is None else f"[{s.low * pct:.2f}, {s.high * pct:.2f}]"
+        lines.append(
+            f"| {c.setting} | {c.method} | {sel} | {len(c.runs)} | {_fmt(c.valid, pct)} | {final_txt} | {ci} | "
+            f"{'-' if goal is None else f'{goal * pct:.4g}'} | {_interval(rounds, len(reached), len(c.runs), 0)} | "
+            f"{_interval(mbytes, len(reached), len(c.runs), 1)} | "
+            f"{'-' if not times else f'{sum(times) / len(times) * 1e3:.2f} ms'} | {c.sweep_runs} | {c.compute_seconds:.0f} |")
+    return "\n".join(lines) + "\n", data
+
+
+def _greek(key: str) -> str:
+    return {"lr": "η", "clip": "γ", "local-steps": "I"}.get(key, key)
+
+
+def _fmt(s: Summary, pct: float) -> str:
+    return "-" if s.mean is None else f"{s.mean * pct:.2f}"
+
+
+def _interval(s: Summary, reached: int, n: int, digits: int) -> str:
+    if s.mean is None:
+        return f"not reached (0/{n})"
+    text = f"{s.mean:.{digits}f}"
+    if s.low is not None:
+        text += f" [{s.low:.{digits}f}, {s.high:.{digits}f}]"
+    return text + ("" if reached == n else f" ({reached}/{n} reached)")
+
+
+def curves(c: Compared) -> tuple[list[float], list[float], list[list[float]]]:
+    """(local steps per client, MB communicated, metric per seed) at the evaluated rounds shared by every seed."""
+    key, _ = c.metric
+    per_seed = []
+    for run in c.runs:
+        steps = int(run.config.get("local-steps", 1))
+        total, points = 0, {}
+        for row in run.rows:
+            total += int(row.get("bytes-sent", 0) or 0) + int(row.get("bytes-received", 0) or 0)
+            value = row.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                points[int(row["round"])] = (int(row["round"]) * steps, total / 1e6,
+                                             float(value) if math.isfinite(value) else math.nan)
+        per_seed.append(points)
+    rounds = sorted(set.intersection(*(set(p) for p in per_seed)))
+    xs = [per_seed[0][r][0] for r in rounds]
+    mb = [per_seed[0][r][1] for r in rounds]
+    ys = [[p[r][2] for r in rounds] for p in per_seed]
+    return xs, mb, ys
+
+
+def figures(compared: Sequence[Compared], out: Path) -> list[Path]:
+    from .plots import _pyplot, _slug
+
+    plt = _pyplot()
+    written = []
+    settings: dict[str, list[Compared]] = defaultdict(list)
+    for c in compared:
+        settings[c.setting].append(c)
+    for setting, group in settings.items():
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        key = group[0].metric[0]
+        for c in group:
+            xs, mb, ys = curves(c)
+            mean, low, high = band(ys)
+            label = f"{c.method} ({', '.join(f'{_greek(k)}={format_value(v)}' for k, v in c.selected.items())})"
+            for ax, x in zip(axes, (xs, mb), strict=True):
+                line, = ax.plot(x, mean, label=label)
+                ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        for ax, xlabel in zip(axes, ("local steps per client (rounds × I)", "MB communicated (sent + received)"),
+                              strict=True):
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(key)
+            ax.grid(alpha=0.3)
+        axes[1].set_xscale("log")
+        axes[0].legend(fontsize=7)
+        n = sorted({len(c.runs) for c in group})
+        fig.suptitle(f"{setting}: {key}, mean over {'/'.join(map(str, n))} seeds with 95 % interval, each method "
+                     "at its point selected on validation", fontsize=9)
+        fig.tight_layout()
+        path = out / f"{_slug(setting)}-bands.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    methods = list(dict.fromkeys(c.method for c in compared))
+    names = list(settings)
+    fig, ax = plt.subplots(figsize=(max(6.5, 1.6 * len(names)), 4.2))
+    width = 0.8 / max(1, len(methods))
+    for i, method in enumerate(methods):
+        xs, ys, errs = [], [], []
+        for j, setting in enumerate(names):
+            for c in settings[setting]:
+                if c.method == method:
+                    s = summary([v for v in final_values(c) if v is not None])
+                    if s.mean is not None:
+                        xs.append(j + (i - (len(methods) - 1) / 2) * width)
+                        ys.append(s.mean)
+                        errs.append(s.half_width or 0.0)
+        ax.errorbar(xs, ys, yerr=errs, fmt="o", capsize=3, label=method)
+    ax.set_xticks(range(len(names)), names, rotation=15, ha="right", fontsize=8)
+    ax.set_ylabel(f"final {compared[0].metric[0]}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title("final value, mean and 95 % interval over seeds (selected on validation)", fontsize=9)
+    fig.tight_layout()
+    path = out / "by-setting.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    written.append(path)
+    return written
+
+
+def compare(paths: Sequence[str | Path], out: str | Path, target: float | None = None,
+            plots: bool = True) -> tuple[str, list[dict[str, Any]]]:
+    """Select, summarise and draw every sweep under ``paths``; returns the markdown table and its data."""
+    manifests = find_manifests(paths)
+    if not manifests:
+        raise FileNotFoundError(f"no sweep manifest (*.sweep.json) under {', '.join(map(str, paths))}")
+    compared = sorted((load_compared(m) for m in manifests), key=lambda c: (c.setting, _order(c.method)))
+    goals: dict[str, float | None] = {}
+    for c in compared:
+        if c.setting not in goals:
+            goals[c.setting] = target if target is not None else common_target(
+                [r for d in compared if d.setting == c.setting for r in d.runs])
+    text, data = table(compared, goals)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "comparison.md").write_text(text)
+    (out / "comparison.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+    if plots:
+        figures(compared, out)
+    return text, data
+
+
+def _order(method: str) -> tuple[int, str]:
+    prefixes = ("CELGC", "EPISODE", "naive", "local SGD", "SCAFFOLD", "single")
+    return next((i for i, p in enumerate(prefixes) if method.startswith(p)), len(prefixes)), method
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m simulations.compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", nargs="+", help="results folders holding sweeps (their *.sweep.json)")
+    parser.add_argument("--out", required=True, help="folder for comparison.md, comparison.json and the figures")
+    parser.add_argument("--target", type=float, help="level for rounds/MB to target (default: the level every run reached)")
+    parser.add_argument("--no-plots", action="store_true")
+    ns = parser.parse_args(argv)
+    try:
+        text, _ = compare(ns.results, ns.out, ns.target, plots=not ns.no_plots)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["Compared", "compare", "human_bytes"]
