@@ -7,8 +7,9 @@ Algorithm 1. Round r, global point x̄_r, N clients:
 1. every client i draws a fresh minibatch and sends G_r^i = ∇F_i(x̄_r; ξ̃_i);
    the server averages them: G_r = (1/N) Σ_i G_r^i, and sends each client its
    correction c_i = G_r - G_r^i and the norm ‖G_r‖;
-2. the round clips or not as a whole: clipping iff ‖G_r‖ > γ/η (one decision for every
-   client and every step of the round, from the resampled gradients);
+2. the round clips or not as a whole: clipping iff ‖G_r‖ ≥ γ/η (one decision for every
+   client and every step of the round, from the resampled gradients; ≥ as the authors'
+   code, MingruiLiu-ML-Lab/episode ``episode_final``);
 3. client i runs I local steps from x̄_r with the corrected direction
    d = g + λx (heavy-ball buffer as torch.optim.SGD if μ > 0) + c_i, where g = ∇F_i(x; ξ):
 
@@ -80,8 +81,8 @@ def corrections(client_grads: list[dict[str, Tensor]], weights: list[float] | No
 
 
 def clipping_round(global_norm: float, cfg: StepConfig, lr_scale: float = 1.0) -> bool:
-    """The round's one decision: clip iff ‖G_r‖ > γ/η (never with γ = inf)."""
-    return math.isfinite(cfg.clip) and global_norm > (cfg.clip * lr_scale) / (cfg.lr * lr_scale)
+    """The round's one decision: clip iff ‖G_r‖ ≥ γ/η, as the authors' code (never with γ = inf)."""
+    return math.isfinite(cfg.clip) and global_norm >= (cfg.clip * lr_scale) / (cfg.lr * lr_scale)
 
 
 def episode_step(

@@ -26,9 +26,9 @@ def test_corrections_are_the_average_minus_each_clients_gradient():
         corrections([])
 
 
-def test_the_round_clips_iff_the_resampled_norm_exceeds_clip_over_lr():
+def test_the_round_clips_iff_the_resampled_norm_reaches_clip_over_lr():
     cfg = StepConfig(lr=0.1, clip=0.5)  # threshold 5
-    assert not clipping_round(5.0, cfg) and clipping_round(5.0001, cfg)
+    assert not clipping_round(4.9999, cfg) and clipping_round(5.0, cfg)  # >= as the authors' episode_final
     assert not clipping_round(1e9, StepConfig(lr=0.1))  # clip off: never
 
 

@@ -59,7 +59,7 @@ def reference(values, parts):
             resampled.append(gradient(x_bar, idx))
         g_r = [sum(g[j] for g in resampled) / n for j in range(len(x_bar))]  # line 5
         norm = math.sqrt(sum(float((t.double() ** 2).sum()) for t in g_r))
-        clipping = norm > clip / lr  # line 6: one decision for the round
+        clipping = norm >= clip / lr  # line 6: one decision for the round (>= as the authors' code)
         decisions.append(clipping)
         finals = []
         for i in range(n):
