@@ -72,7 +72,8 @@ def load_compared(path: Path) -> Compared:
               and (e["stage"] == 2 or (e["stage"] == 1 and not tuned_elsewhere))]
     runs = [load_run(folder / n) for n in sorted(finals, key=lambda n: manifest["runs"][n]["seed"])]
     for run in runs:
-        if not run.rows or int(run.rows[-1].get("round", -1)) != int(run.config.get("num-rounds", -2)):
+        done = run.rows and int(run.rows[-1].get("round", -1)) == int(run.config.get("num-rounds", -2))
+        if not done and manifest["runs"][run.name].get("status") != "diverged":
             raise ValueError(f"{run.folder}: the run has not finished: rerun the runner (finished runs are skipped)")
     valid = [last_value(r.folder, select) for r in runs]
     compute = sum(float(e.get("elapsed") or 0.0) for e in manifest["runs"].values())
@@ -85,7 +86,8 @@ def final_values(c: Compared) -> list[float | None]:
     out = []
     for run in c.runs:
         series = run.series(key)
-        out.append(series[-1][1] if series and series[-1][0] is run.rows[-1] else None)
+        done = int(run.rows[-1].get("round", -1)) == int(run.config.get("num-rounds", -2))
+        out.append(series[-1][1] if done and series and series[-1][0] is run.rows[-1] else None)  # None: diverged
     return out
 
 
@@ -159,7 +161,9 @@ def curves(c: Compared) -> tuple[list[float], list[float], list[list[float]]]:
     """(local steps per client, MB communicated, metric per seed) at the evaluated rounds shared by every seed."""
     key, _ = c.metric
     per_seed = []
-    for run in c.runs:
+    for run, final in zip(c.runs, final_values(c), strict=True):
+        if final is None:  # diverged: counted in the label, not drawn
+            continue
         steps = int(run.config.get("local-steps", 1))
         total, points = 0, {}
         for row in run.rows:
@@ -169,6 +173,8 @@ def curves(c: Compared) -> tuple[list[float], list[float], list[list[float]]]:
                 points[int(row["round"])] = (int(row["round"]) * steps, total / 1e6,
                                              float(value) if math.isfinite(value) else math.nan)
         per_seed.append(points)
+    if not per_seed:
+        return [], [], []
     rounds = sorted(set.intersection(*(set(p) for p in per_seed)))
     xs = [per_seed[0][r][0] for r in rounds]
     mb = [per_seed[0][r][1] for r in rounds]
@@ -189,8 +195,12 @@ def figures(compared: Sequence[Compared], out: Path) -> list[Path]:
         key = group[0].metric[0]
         for c in group:
             xs, mb, ys = curves(c)
+            if not ys:
+                continue
             mean, low, high = band(ys)
-            label = f"{c.method} ({', '.join(f'{_greek(k)}={format_value(v)}' for k, v in c.selected.items())})"
+            lost = len(c.runs) - len(ys)
+            label = (f"{c.method} ({', '.join(f'{_greek(k)}={format_value(v)}' for k, v in c.selected.items())})"
+                     + (f", {lost}/{len(c.runs)} diverged" if lost else ""))
             for ax, x in zip(axes, (xs, mb), strict=True):
                 line, = ax.plot(x, mean, label=label)
                 ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, linewidth=0)

@@ -56,7 +56,7 @@ from tasks.config import RunConfig
 from tasks.overrides import parse_overrides
 
 from .summary import find_runs, load_run, print_table, summarize
-from .sweep import Point, Sweep, finished, parse_sweep, select_point, tuning_scores, write_manifest
+from .sweep import Point, Sweep, diverged, finished, parse_sweep, select_point, tuning_scores, write_manifest
 
 APP_DIR = Path(__file__).resolve().parents[1]  # the Flower app: the folder of pyproject.toml
 BACKENDS = ("flower", "inprocess", "engine")
@@ -194,19 +194,21 @@ def run_all(files: Sequence[str | Path], backend: str = "flower", overrides: dic
     elapsed: dict[str, float] = {}
     with SweepProgress(total, enabled=progress) as bar:
         lines = _execute(first, backend, federation, timeout, fail_fast, jobs, bar, elapsed)
+        status = {line["run"]: line["status"] for line in lines if line["status"] in ("ok", "diverged")}
         second = []
         for sw in sweeps:
             ok = all(line["status"] != "failed" for line in lines if line.get("sweep") == sw.name)
             selected = select_point(sw.grid, sw.select, tuning_scores(sw)) if ok else None
-            write_manifest(sw, elapsed, selected)
+            write_manifest(sw, elapsed, selected, status)
             if selected is not None:
                 second += [Job(sw.file, sw.values_for(p), sw, p) for p in sw.final(selected)]
             else:
                 bar.advance(sw.second_stage_runs)
         if second and not (fail_fast and any(line["status"] == "failed" for line in lines)):
             lines += _execute(second, backend, federation, timeout, fail_fast, jobs, bar, elapsed)
+        status = {line["run"]: line["status"] for line in lines if line["status"] in ("ok", "diverged")}
         for sw in sweeps:
-            write_manifest(sw, elapsed, _selected(sw))
+            write_manifest(sw, elapsed, _selected(sw), status)
     return lines
 
 
@@ -226,7 +228,7 @@ def _execute(todo: list[Job], backend: str, federation: dict[str, Any] | None, t
         folder = Path(job.values["results-dir"]) / name
         if job.sweep is not None:
             try:
-                if finished(folder, job.values):
+                if finished(folder, job.values) or _diverged_before(job, folder):
                     lines[i] = _line(job, "skipped", 0.0, folder)
                     bar.advance(1, name)
                     continue
@@ -247,6 +249,11 @@ def _execute(todo: list[Job], backend: str, federation: dict[str, Any] | None, t
         if exc is None:
             elapsed[name] = seconds or 0.0
             lines[i] = _line(job, "ok", seconds or 0.0, Path(job.values["results-dir"]) / name)
+        elif job.sweep is not None and diverged(exc):  # an outcome of its point: scored the worst, not a failure
+            elapsed[name] = seconds or 0.0
+            lines[i] = _line(job, "diverged", seconds or 0.0, error=exc)
+            bar.advance(1, name)
+            return False
         else:
             lines[i] = _line(job, "failed", seconds or 0.0, error=exc)
         bar.advance(1, name)
@@ -279,6 +286,16 @@ def _execute(todo: list[Job], backend: str, federation: dict[str, Any] | None, t
                         f.cancel()
                     break
     return [line for line in lines if line is not None]
+
+
+def _diverged_before(job: Job, folder: Path) -> bool:
+    """A point the manifest records as diverged, its folder still holding that run: the same outcome again."""
+    from .sweep import read_manifest
+
+    if job.sweep is None or not job.sweep.manifest.is_file() or not (folder / "results.jsonl").is_file():
+        return False
+    entry = read_manifest(job.sweep.manifest)["runs"].get(job.values["run-name"], {})
+    return entry.get("status") == "diverged"
 
 
 def _cuda() -> bool:
@@ -362,16 +379,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, tomllib.TOMLDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    shown = [line for line in lines if "sweep" not in line or line["status"] == "failed"]
+    shown = [line for line in lines if "sweep" not in line or line["status"] in ("failed", "diverged")]
     if shown:
         print_table(shown, title=f"Experiments ({ns.backend})")
     for plan in plans:
         if isinstance(plan, Sweep):
             mine = [line for line in lines if line.get("sweep") == plan.name]
-            counts = {s: sum(line["status"] == s for line in mine) for s in ("ok", "skipped", "failed")}
+            counts = {s: sum(line["status"] == s for line in mine) for s in ("ok", "skipped", "diverged", "failed")}
             chosen = _selected(plan)
             print(f"sweep {plan.name}: {counts['ok']} run, {counts['skipped']} skipped (finished before), "
-                  f"{counts['failed']} failed; selected on {plan.select}: "
+                  f"{counts['diverged']} diverged, {counts['failed']} failed; selected on {plan.select}: "
                   + (", ".join(f"{k}={v}" for k, v in chosen) if chosen else "-") + f"  ({plan.manifest})")
     out = Path(load_experiment(ns.experiments[0], overrides, ns.results_dir)["results-dir"])
     out.mkdir(parents=True, exist_ok=True)

@@ -186,11 +186,24 @@ def finished(folder: Path, values: dict[str, Any]) -> bool:
     return bool(rows) and int(rows[-1].get("round", -1)) == int(want["num-rounds"])
 
 
-def last_value(folder: Path, key: str) -> float | None:
-    """The last finite value of ``key`` in a run's rows (None: none)."""
+def diverged(exc: BaseException | None) -> bool:
+    """Whether a run's error is its model diverging (non-finite results or model), an outcome of its point."""
+    from tasks.runs.checkpoint import CheckpointError
+    from tasks.runs.results import TooFewReplies
+
+    text = str(exc)
+    return (isinstance(exc, TooFewReplies) and "non-finite" in text) or (
+        isinstance(exc, CheckpointError) and "is not finite" in text)
+
+
+def last_value(folder: Path, key: str, finished_only: bool = True) -> float | None:
+    """The last finite value of ``key`` in a run's rows; None when there is none, or (``finished_only``)
+    when the run stopped before its last round (a diverged run scores the worst)."""
     try:
-        _, rows = read_results(folder / "results.jsonl")
+        header, rows = read_results(folder / "results.jsonl")
     except FileNotFoundError:
+        return None
+    if finished_only and (not rows or int(rows[-1].get("round", -1)) != int(header.get("config", {}).get("num-rounds", -2))):
         return None
     for row in reversed(rows):
         value = row.get(key)
@@ -232,7 +245,8 @@ def tuning_scores(sweep: Sweep) -> dict[tuple[tuple[str, Any], ...], list[float 
     return scores
 
 
-def write_manifest(sweep: Sweep, elapsed: dict[str, float], selected: tuple[tuple[str, Any], ...] | None) -> Path:
+def write_manifest(sweep: Sweep, elapsed: dict[str, float], selected: tuple[tuple[str, Any], ...] | None,
+                   status: dict[str, str] | None = None) -> Path:
     """``<results-dir>/<run-name>.sweep.json``: the grid, seeds, every point's folder and time, the selection."""
     old = read_manifest(sweep.manifest) if sweep.manifest.is_file() else {}
     runs = dict(old.get("runs", {}))
@@ -241,7 +255,8 @@ def write_manifest(sweep: Sweep, elapsed: dict[str, float], selected: tuple[tupl
         name = point.name(sweep.name)
         entry = runs.get(name, {})
         runs[name] = {"values": dict(point.values), "seed": point.seed, "stage": point.stage, "tuning-pass": point.tuning_pass,
-                      "elapsed": elapsed.get(name, entry.get("elapsed"))}
+                      "elapsed": elapsed.get(name, entry.get("elapsed")),
+                      "status": (status or {}).get(name, entry.get("status"))}
     data = {"kind": "sweep", "file": str(sweep.file), "run-name": sweep.name, "grid": sweep.grid, "seeds": sweep.seeds,
             "tune-seeds": sweep.tune_seeds, "tune": sweep.tune, "select": sweep.select,
             "selected": dict(selected) if selected is not None else None, "runs": runs}

@@ -128,6 +128,19 @@ def test_sweep_runs_selects_on_validation_skips_and_resumes(tmp_path, capsys):
     assert (res / f"sw-lr={best}-seed=2" / "results.jsonl").read_text() == before
 
 
+def test_a_diverged_point_is_an_outcome_scored_the_worst(tmp_path, capsys):
+    path = _file(tmp_path, "lr = [100.0, 0.1]\nseeds = 2\n", algorithm="local-sgd", clip="off")
+    res = tmp_path / "res"
+    assert runner.main([path, "--backend", "engine", "--results-dir", str(res), "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "sweep sw: 2 run, 0 skipped (finished before), 2 diverged, 0 failed; selected on valid-accuracy: lr=0.1" in out
+    manifest = read_manifest(res / "sw.sweep.json")
+    assert manifest["selected"] == {"lr": 0.1} and manifest["runs"]["sw-lr=100-seed=0"]["status"] == "diverged"
+    assert last_value(res / "sw-lr=100-seed=0", "valid-accuracy") is None  # it stopped before its last round
+    assert runner.main([path, "--backend", "engine", "--results-dir", str(res)]) == 0  # the same outcome: skipped
+    assert "sweep sw: 0 run, 4 skipped" in capsys.readouterr().out
+
+
 def test_parallel_sweep_equals_sequential(tmp_path):
     path = _file(tmp_path, "lr = [0.1, 0.3]\nseeds = 2\n")
     runner.run_all([path], "engine", results_dir=tmp_path / "par", jobs=2)
