@@ -1,5 +1,6 @@
-"""Offline demonstration on a CPU: CELGC at I = 8 reaches the naive baseline's accuracy with
-about 8x fewer communication rounds.
+"""Offline demonstration on a CPU: CELGC at I = 8 and naive parallel clipping, one seed at one
+shared (lr, clip) -- the pipeline end to end, not a comparison (that is the tuned, five-seed
+sweep of ``simulations/experiments/hetero-digits/``, docs/EXPERIMENTS.md).
 
     python -m simulations.demo [--target 0.97] [--out figures/demo] [--results-dir results/demo]
 

@@ -82,9 +82,10 @@ def screen(rnd: Round, exchange: Exchange, replies: Sequence[Message], algorithm
                                              settings=settings))
         read.sort(key=lambda r: r.node)
     refs = references(rnd, read, groups, needs_global=algorithm.needs_global)
+    rules = checks.buffer_rules if checks.buffer_rules is not None else rules_from_keys(rnd.state)  # once a screen
     for r in read:
         if r.reason is None:
-            r.reason = check(rnd, exchange, r, refs, groups, algorithm, checks)
+            r.reason = check(rnd, exchange, r, refs, groups, algorithm, checks, rules)
     sound = [r for r in read if r.reason is None]
     rejected = [r for r in read if r.reason is not None]
     for r in rejected:
@@ -117,11 +118,11 @@ def references(rnd: Round, read: Sequence[Reply], groups: Sequence[str], *, need
 
 
 def check(rnd: Round, exchange: Exchange, reply: Reply, refs: dict[str, dict | None], groups: Sequence[str],
-          algorithm: Algorithm, checks: Checks) -> str | None:
-    """Why one decoded reply cannot come from an honest client of ``exchange``, or None."""
+          algorithm: Algorithm, checks: Checks, rules: Sequence[Norm]) -> str | None:
+    """Why one decoded reply cannot come from an honest client of ``exchange``, or None; ``rules``: the
+    buffer rules (the model's, or derived from the global state's keys once per screen)."""
     kinds = {**GROUP_KINDS, **algorithm.groups}
     known = checks.buffer_rules is not None
-    rules = checks.buffer_rules if known else rules_from_keys(rnd.state)
     forwards = exchange.settings.local_steps if known else None
     for group in groups:
         ref = refs[group]
