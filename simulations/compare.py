@@ -127,13 +127,14 @@ def table(compared: Sequence[Compared], target: dict[str, float | None]) -> tupl
                "sweep-runs": c.sweep_runs, "sweep-compute-seconds": c.compute_seconds}
         data.append(row)
         pct = 100.0 if key.endswith("accuracy") else 1.0
+        vscale = 100.0 if c.select.endswith("accuracy") else 1.0
         sel = ", ".join(f"{_greek(k)} {format_value(v)}" for k, v in c.selected.items()) or "-"
         final_txt = "diverged on every seed" if s.mean is None else f"{s.mean * pct:.2f} ± {(s.std or 0) * pct:.2f}"
         if diverged and s.mean is not None:
             final_txt += f" ({diverged} diverged)"
         ci = "-" if s.low is None else f"[{s.low * pct:.2f}, {s.high * pct:.2f}]"
         lines.append(
-            f"| {c.setting} | {c.method} | {sel} | {len(c.runs)} | {_fmt(c.valid, pct)} | {final_txt} | {ci} | "
+            f"| {c.setting} | {c.method} | {sel} | {len(c.runs)} | {_fmt(c.valid, vscale)} | {final_txt} | {ci} | "
             f"{'-' if goal is None else f'{goal * pct:.4g}'} | {_interval(rounds, len(reached), len(c.runs), 0)} | "
             f"{_interval(mbytes, len(reached), len(c.runs), 1)} | "
             f"{'-' if not times else f'{sum(times) / len(times) * 1e3:.2f} ms'} | {c.sweep_runs} | {c.compute_seconds:.0f} |")
@@ -144,8 +145,8 @@ def _greek(key: str) -> str:
     return {"lr": "η", "clip": "γ", "local-steps": "I"}.get(key, key)
 
 
-def _fmt(s: Summary, pct: float) -> str:
-    return "-" if s.mean is None else f"{s.mean * pct:.2f}"
+def _fmt(s: Summary, scale: float) -> str:
+    return "-" if s.mean is None else f"{s.mean * scale:.2f}" if scale != 1.0 else f"{s.mean:.3f}"
 
 
 def _interval(s: Summary, reached: int, n: int, digits: int) -> str:
