@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .stats import Summary, band, summary
-from .summary import Run, common_target, human_bytes, load_run, rounds_to_target
+from .summary import Run, common_target, load_run, rounds_to_target
 from .sweep import find_manifests, format_value, last_value, read_manifest, select_point
 
 
@@ -294,5 +294,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-__all__ = ["Compared", "compare", "human_bytes"]

@@ -185,31 +185,39 @@ def run_all(files: Sequence[str | Path], backend: str = "flower", overrides: dic
     selected point runs on its remaining seeds. A sweep point whose folder holds its finished run
     is skipped (``status = "skipped"``); an unfinished one resumes from its checkpoint."""
     plans = [(Path(f), load_plan(f, overrides, results_dir)) for f in files]  # all valid first
+    return run_plans(plans, backend, federation, timeout, fail_fast, jobs, progress)
+
+
+def run_plans(plans: Sequence[tuple[Path, dict[str, Any] | Sweep]], backend: str, federation: dict[str, Any] | None,
+              timeout: float, fail_fast: bool, jobs: int, progress: bool) -> list[dict[str, Any]]:
+    """``run_all`` on files already read (``load_plan``)."""
     sweeps = [plan for _, plan in plans if isinstance(plan, Sweep)]
-    stage1 = [Job(path, plan) if not isinstance(plan, Sweep) else None for path, plan in plans]
-    first = [job for job in stage1 if job is not None]
+    first = [Job(path, plan) for path, plan in plans if not isinstance(plan, Sweep)]
     first += [Job(sw.file, sw.values_for(p), sw, p) for sw in sweeps for p in sw.points]
     total = len(first) + sum(sw.second_stage_runs for sw in sweeps)
     jobs = max(1, jobs or auto_jobs(backend))
     elapsed: dict[str, float] = {}
     with SweepProgress(total, enabled=progress) as bar:
         lines = _execute(first, backend, federation, timeout, fail_fast, jobs, bar, elapsed)
-        status = {line["run"]: line["status"] for line in lines if line["status"] in ("ok", "diverged")}
-        second = []
+        second, chosen = [], {}
         for sw in sweeps:
             ok = all(line["status"] != "failed" for line in lines if line.get("sweep") == sw.name)
-            selected = select_point(sw.grid, sw.select, tuning_scores(sw)) if ok else None
-            write_manifest(sw, elapsed, selected, status)
-            if selected is not None:
-                second += [Job(sw.file, sw.values_for(p), sw, p) for p in sw.final(selected)]
+            chosen[sw.name] = select_point(sw.grid, sw.select, tuning_scores(sw)) if ok else None
+            write_manifest(sw, elapsed, chosen[sw.name], _outcomes(lines))
+            if chosen[sw.name] is not None:
+                second += [Job(sw.file, sw.values_for(p), sw, p) for p in sw.final(chosen[sw.name])]
             else:
                 bar.advance(sw.second_stage_runs)
         if second and not (fail_fast and any(line["status"] == "failed" for line in lines)):
             lines += _execute(second, backend, federation, timeout, fail_fast, jobs, bar, elapsed)
-        status = {line["run"]: line["status"] for line in lines if line["status"] in ("ok", "diverged")}
-        for sw in sweeps:
-            write_manifest(sw, elapsed, _selected(sw), status)
+            for sw in sweeps:
+                write_manifest(sw, elapsed, chosen[sw.name], _outcomes(lines))
     return lines
+
+
+def _outcomes(lines: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """The runs that ran to an outcome (finished or diverged), for the manifests."""
+    return {line["run"]: line["status"] for line in lines if line["status"] in ("ok", "diverged")}
 
 
 def _selected(sweep: Sweep) -> tuple[tuple[str, Any], ...] | None:
@@ -223,12 +231,14 @@ def _execute(todo: list[Job], backend: str, federation: dict[str, Any] | None, t
              jobs: int, bar: SweepProgress, elapsed: dict[str, float]) -> list[dict[str, Any]]:
     lines: list[dict[str, Any] | None] = [None] * len(todo)
     pending: list[int] = []
+    recorded = {job.sweep.name: _recorded(job.sweep) for job in todo if job.sweep is not None}  # one read a sweep
     for i, job in enumerate(todo):
         name = job.values["run-name"]
         folder = Path(job.values["results-dir"]) / name
         if job.sweep is not None:
             try:
-                if finished(folder, job.values) or _diverged_before(job, folder):
+                was_diverged = recorded[job.sweep.name].get(name) == "diverged" and (folder / "results.jsonl").is_file()
+                if was_diverged or finished(folder, job.values):  # the same outcome again: skipped
                     lines[i] = _line(job, "skipped", 0.0, folder)
                     bar.advance(1, name)
                     continue
@@ -246,18 +256,14 @@ def _execute(todo: list[Job], backend: str, federation: dict[str, Any] | None, t
     def done(i: int, seconds: float | None, exc: BaseException | None) -> bool:
         job = todo[i]
         name = job.values["run-name"]
-        if exc is None:
+        # a diverged sweep point is an outcome of its point (scored the worst), not a failure
+        status = "ok" if exc is None else "diverged" if job.sweep is not None and diverged(exc) else "failed"
+        if status != "failed":
             elapsed[name] = seconds or 0.0
-            lines[i] = _line(job, "ok", seconds or 0.0, Path(job.values["results-dir"]) / name)
-        elif job.sweep is not None and diverged(exc):  # an outcome of its point: scored the worst, not a failure
-            elapsed[name] = seconds or 0.0
-            lines[i] = _line(job, "diverged", seconds or 0.0, error=exc)
-            bar.advance(1, name)
-            return False
-        else:
-            lines[i] = _line(job, "failed", seconds or 0.0, error=exc)
+        folder = Path(job.values["results-dir"]) / name if status == "ok" else None
+        lines[i] = _line(job, status, seconds or 0.0, folder, error=exc)
         bar.advance(1, name)
-        return exc is not None and fail_fast
+        return status == "failed" and fail_fast
 
     if jobs == 1 or len(pending) <= 1:
         for i in pending:
@@ -288,14 +294,13 @@ def _execute(todo: list[Job], backend: str, federation: dict[str, Any] | None, t
     return [line for line in lines if line is not None]
 
 
-def _diverged_before(job: Job, folder: Path) -> bool:
-    """A point the manifest records as diverged, its folder still holding that run: the same outcome again."""
+def _recorded(sweep: Sweep) -> dict[str, str]:
+    """The outcome each run of ``sweep`` had when its manifest was last written (none before the first)."""
     from .sweep import read_manifest
 
-    if job.sweep is None or not job.sweep.manifest.is_file() or not (folder / "results.jsonl").is_file():
-        return False
-    entry = read_manifest(job.sweep.manifest)["runs"].get(job.values["run-name"], {})
-    return entry.get("status") == "diverged"
+    if not sweep.manifest.is_file():
+        return {}
+    return {name: entry.get("status") for name, entry in read_manifest(sweep.manifest)["runs"].items()}
 
 
 def _cuda() -> bool:
@@ -371,11 +376,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--jobs must be >= 0, got {ns.jobs}")
     overrides = parse_overrides(ns.set)
     try:
-        plans = [load_plan(f, overrides, ns.results_dir) for f in ns.experiments]
+        read = [(Path(f), load_plan(f, overrides, ns.results_dir)) for f in ns.experiments]  # all valid first
+        plans = [plan for _, plan in read]
         any_sweep = any(isinstance(p, Sweep) for p in plans)
         jobs = 1 if ns.backend == "flower" else ns.jobs or (auto_jobs(ns.backend) if any_sweep else 1)
-        lines = run_all(ns.experiments, ns.backend, overrides, ns.results_dir, parse_overrides(ns.federation_config),
-                        ns.timeout or math.inf, ns.fail_fast, jobs=jobs, progress=any_sweep)
+        lines = run_plans(read, ns.backend, parse_overrides(ns.federation_config), ns.timeout or math.inf,
+                          ns.fail_fast, jobs, any_sweep)
     except (ValueError, FileNotFoundError, tomllib.TOMLDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

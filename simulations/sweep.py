@@ -72,7 +72,6 @@ class Sweep:
     tune_seeds: int
     select: str
     tune: dict[str, Any] = field(default_factory=dict)
-    points: list[Point] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -88,6 +87,11 @@ class Sweep:
 
     def grid_points(self) -> list[tuple[tuple[str, Any], ...]]:
         return grid_points(self.grid)
+
+    @property
+    def points(self) -> list[Point]:
+        """The tuning stage's points (``tuning``)."""
+        return self.tuning()
 
     def tuning(self) -> list[Point]:
         """Stage 1: every grid point on the tuning seeds (all seeds unless tune-seeds is set)."""
@@ -161,7 +165,6 @@ def parse_sweep(file: Path, base: dict[str, Any], table: dict[str, Any]) -> Swee
         raise ValueError(f"{file}: a grid of {n_points} points is selected on {select}, which needs a validation set: "
                          "set valid-fraction (e.g. 0.1) in the file")
     sweep = Sweep(file, base, grid, seeds, tune, select, dict(tune_keys))
-    sweep.points = sweep.tuning()
     for point in [*sweep.points, *sweep.final(sweep.grid_points()[0])]:  # every name and value valid up front
         if not safe_component(point.name(sweep.name)):
             raise ValueError(f"{file}: sweep folder name {point.name(sweep.name)!r} is not a safe folder name")

@@ -196,6 +196,21 @@ def test_valid_metrics_are_the_held_out_examples_and_equal_on_both_backends(tmp_
     assert direct["eval-accuracy"] == engine.rows[-1]["valid-accuracy"]
 
 
+@pytest.mark.parametrize("bad", [-0.1, 0.5, "half"])
+def test_valid_fraction_out_of_range_is_refused(bad):
+    with pytest.raises(ValueError, match="valid-fraction"):
+        RunConfig.from_mapping({"valid-fraction": bad})
+
+
+def test_language_tasks_refuse_valid_fraction(tmp_path, monkeypatch):
+    import tasks
+
+    cfg = RunConfig.from_mapping({"task": "ptb", "valid-fraction": 0.1, "data-dir": str(tmp_path)})
+    monkeypatch.setattr(tasks, "cached_task", lambda c: SimpleNamespace(client_partitions=lambda c: [np.arange(10)]))
+    with pytest.raises(ValueError, match="own validation stream"):
+        splits.__wrapped__(cfg)  # uncached: the stand-in task, a stream of its own and no hold_out
+
+
 def test_shakespeare_holds_out_each_roles_last_windows_behind_a_gap():
     fake = SimpleNamespace(seq_len=80)
     part = np.arange(1000, 3000)
