@@ -30,6 +30,14 @@ An experiment file is a flat TOML file of run-config keys (the same keys as
 
 A failed run is reported and the next one runs (``--fail-fast`` stops); the table is
 printed and written to ``<results-dir>/summary.json``; the exit status is 1 if a run failed.
+
+Results depend on (seed, config, code) alone: every run gets ``--threads`` torch threads
+(default 1) whatever ``--jobs`` is, in this process, in a pool worker, in the engine's or
+Flower's processes (``OMP_NUM_THREADS``); the results header records the count and the code
+(``tasks.runs.results.source``). A sweep point whose folder holds a run made by other code
+(another commit, a modified tree, another thread count, or code that recorded none) is not
+reused: it is refused with the command that reruns it (``--stale rerun``: the old folder is
+kept aside as ``<name>.stale-<time>`` and the point runs again).
 """
 
 from __future__ import annotations
@@ -41,10 +49,12 @@ import logging
 import math
 import multiprocessing
 import os
+import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,12 +64,38 @@ import tomllib
 
 from tasks.config import RunConfig
 from tasks.overrides import parse_overrides
+from tasks.runs.results import other_producer, read_results
 
 from .summary import find_runs, load_run, print_table, summarize
 from .sweep import Point, Sweep, diverged, finished, parse_sweep, select_point, tuning_scores, write_manifest
 
 APP_DIR = Path(__file__).resolve().parents[1]  # the Flower app: the folder of pyproject.toml
 BACKENDS = ("flower", "inprocess", "engine")
+STALE = ("refuse", "rerun")  # what a sweep does with a point's run made by other code
+DEFAULT_THREADS = 1  # torch threads of a run, whatever --jobs is: results must not depend on it
+
+
+class StaleRun(RuntimeError):
+    """A sweep point's folder holds a run made by other code; it is not reused silently."""
+
+
+@contextmanager
+def pinned_threads(threads: int) -> Iterator[None]:
+    """This process's torch threads, and ``OMP_NUM_THREADS`` of the processes it starts, set to ``threads``
+    for the block (both restored after)."""
+    import torch
+
+    before, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+        if env is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = env
 
 
 def read_experiment(path: str | Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -103,7 +139,8 @@ def load_plan(path: str | Path, overrides: dict[str, Any] | None = None,
 
 def run_experiment(values: dict[str, Any], backend: str = "flower", federation: dict[str, Any] | None = None,
                    timeout: float = math.inf) -> Path:
-    """Run one experiment on ``backend``; returns its results folder (raises on failure)."""
+    """Run one experiment on ``backend``; returns its results folder (raises on failure). The processes it
+    starts inherit ``OMP_NUM_THREADS`` (``pinned_threads``)."""
     folder = Path(values["results-dir"]) / values["run-name"]
     if backend == "inprocess":
         from .loopback import run_in_process
@@ -151,12 +188,13 @@ def auto_jobs(backend: str) -> int:
 
 
 def _worker_init(threads: int, gpus: int, counter: Any) -> None:
-    """A pool worker: ``threads`` torch threads, and its own GPU when there are several."""
+    """A pool worker: ``threads`` torch threads (its own and its children's), and its own GPU when there are several."""
     with counter.get_lock():
         index = counter.value
         counter.value += 1
     if gpus > 1:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(index % gpus)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
     import torch
 
     torch.set_num_threads(threads)
@@ -178,19 +216,28 @@ def _run_job(values: dict[str, Any], backend: str, federation: dict[str, Any] | 
 def run_all(files: Sequence[str | Path], backend: str = "flower", overrides: dict[str, Any] | None = None,
             results_dir: str | Path | None = None, federation: dict[str, Any] | None = None,
             timeout: float = math.inf, fail_fast: bool = False, jobs: int = 1,
-            progress: bool = False) -> list[dict[str, Any]]:
+            progress: bool = False, threads: int = DEFAULT_THREADS, stale: str = "refuse") -> list[dict[str, Any]]:
     """Run every file (a sweep file: its points); the summary lines (``status``, ``elapsed``, ``error``).
 
-    Plain files and every sweep's tuning points run first, ``jobs`` at a time; then each sweep's
-    selected point runs on its remaining seeds. A sweep point whose folder holds its finished run
-    is skipped (``status = "skipped"``); an unfinished one resumes from its checkpoint."""
+    Plain files and every sweep's tuning points run first, ``jobs`` at a time, each with ``threads``
+    torch threads; then each sweep's selected point runs on its remaining seeds. A sweep point whose
+    folder holds its finished run made by this code with as many threads is skipped (``status =
+    "skipped"``); an unfinished one resumes from its checkpoint; one made by other code fails
+    (``StaleRun``) unless ``stale = "rerun"``, which keeps it aside and runs the point again."""
     plans = [(Path(f), load_plan(f, overrides, results_dir)) for f in files]  # all valid first
-    return run_plans(plans, backend, federation, timeout, fail_fast, jobs, progress)
+    return run_plans(plans, backend, federation, timeout, fail_fast, jobs, progress, threads, stale)
 
 
 def run_plans(plans: Sequence[tuple[Path, dict[str, Any] | Sweep]], backend: str, federation: dict[str, Any] | None,
-              timeout: float, fail_fast: bool, jobs: int, progress: bool) -> list[dict[str, Any]]:
-    """``run_all`` on files already read (``load_plan``)."""
+              timeout: float, fail_fast: bool, jobs: int, progress: bool, threads: int = DEFAULT_THREADS,
+              stale: str = "refuse", command: str | None = None) -> list[dict[str, Any]]:
+    """``run_all`` on files already read (``load_plan``); ``command``: the command line that reruns stale
+    points (named in their refusal)."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+    if stale not in STALE:
+        raise ValueError(f"stale must be one of {', '.join(STALE)}, got {stale!r}")
+    how = Policy(threads, stale, command or "the same call with stale='rerun'")
     sweeps = [plan for _, plan in plans if isinstance(plan, Sweep)]
     first = [Job(path, plan) for path, plan in plans if not isinstance(plan, Sweep)]
     first += [Job(sw.file, sw.values_for(p), sw, p) for sw in sweeps for p in sw.points]
@@ -198,7 +245,7 @@ def run_plans(plans: Sequence[tuple[Path, dict[str, Any] | Sweep]], backend: str
     jobs = max(1, jobs or auto_jobs(backend))
     elapsed: dict[str, float] = {}
     with SweepProgress(total, enabled=progress) as bar:
-        lines = _execute(first, backend, federation, timeout, fail_fast, jobs, bar, elapsed)
+        lines = _execute(first, backend, federation, timeout, fail_fast, jobs, bar, elapsed, how)
         second, chosen = [], {}
         for sw in sweeps:
             ok = all(line["status"] != "failed" for line in lines if line.get("sweep") == sw.name)
@@ -209,7 +256,7 @@ def run_plans(plans: Sequence[tuple[Path, dict[str, Any] | Sweep]], backend: str
             else:
                 bar.advance(sw.second_stage_runs)
         if second and not (fail_fast and any(line["status"] == "failed" for line in lines)):
-            lines += _execute(second, backend, federation, timeout, fail_fast, jobs, bar, elapsed)
+            lines += _execute(second, backend, federation, timeout, fail_fast, jobs, bar, elapsed, how)
             for sw in sweeps:
                 write_manifest(sw, elapsed, chosen[sw.name], _outcomes(lines))
     return lines
@@ -227,8 +274,22 @@ def _selected(sweep: Sweep) -> tuple[tuple[str, Any], ...] | None:
     return None if data.get("selected") is None else tuple(data["selected"].items())
 
 
+@dataclass(frozen=True)
+class Policy:
+    """How runs are made: torch threads a run, what to do with a stale sweep point, the command that reruns it."""
+
+    threads: int
+    stale: str
+    command: str
+
+
+def _stale(folder: Path, threads: int) -> str | None:
+    """Why the run in ``folder`` was made by other code (or threads) than a run started now; None: it was not."""
+    return other_producer(*read_results(folder / "results.jsonl"), threads)
+
+
 def _execute(todo: list[Job], backend: str, federation: dict[str, Any] | None, timeout: float, fail_fast: bool,
-             jobs: int, bar: SweepProgress, elapsed: dict[str, float]) -> list[dict[str, Any]]:
+             jobs: int, bar: SweepProgress, elapsed: dict[str, float], how: Policy) -> list[dict[str, Any]]:
     lines: list[dict[str, Any] | None] = [None] * len(todo)
     pending: list[int] = []
     recorded = {job.sweep.name: _recorded(job.sweep) for job in todo if job.sweep is not None}  # one read a sweep
@@ -238,11 +299,19 @@ def _execute(todo: list[Job], backend: str, federation: dict[str, Any] | None, t
         if job.sweep is not None:
             try:
                 was_diverged = recorded[job.sweep.name].get(name) == "diverged" and (folder / "results.jsonl").is_file()
-                if was_diverged or finished(folder, job.values):  # the same outcome again: skipped
+                done_before = was_diverged or finished(folder, job.values)
+                why = _stale(folder, how.threads) if (folder / "results.jsonl").is_file() else None
+                if why is not None and how.stale != "rerun":
+                    raise StaleRun(f"{folder} holds a{' finished' if done_before else 'n unfinished'} run made by "
+                                   f"other code: {why}; it is not reused. Rerun it (the old folder is kept aside as "
+                                   f"{name}.stale-<time>) with: {how.command}")
+                if why is not None:
+                    folder.rename(folder.with_name(f"{name}.stale-{time.strftime('%Y%m%d-%H%M%S')}"))
+                elif done_before:  # the same outcome again: skipped
                     lines[i] = _line(job, "skipped", 0.0, folder)
                     bar.advance(1, name)
                     continue
-            except Exception as exc:  # another config in the folder: reported, never overwritten
+            except Exception as exc:  # another config, or other code, in the folder: reported, never overwritten
                 lines[i] = _line(job, "failed", 0.0, error=exc)
                 bar.advance(1, name)
                 continue
@@ -269,21 +338,22 @@ def _execute(todo: list[Job], backend: str, federation: dict[str, Any] | None, t
         for i in pending:
             t0 = time.monotonic()
             try:
-                if todo[i].sweep is not None and backend == "engine":
-                    _run_job(todo[i].values, backend, federation, timeout)  # in this process: no start-up per run
-                else:
-                    run_experiment(todo[i].values, backend, federation, timeout)
+                with pinned_threads(how.threads):
+                    if todo[i].sweep is not None and backend == "engine":
+                        _run_job(todo[i].values, backend, federation, timeout)  # in this process: no start-up per run
+                    else:
+                        run_experiment(todo[i].values, backend, federation, timeout)
                 stop = done(i, time.monotonic() - t0, None)
             except Exception as exc:  # report and go on with the next run
                 stop = done(i, time.monotonic() - t0, exc)
             if stop:
                 break
     else:
-        threads = max(1, (os.cpu_count() or 1) // jobs)
         gpus = auto_jobs(backend) if backend != "flower" and _cuda() else 0
         ctx = multiprocessing.get_context("spawn")  # fork after torch has run can deadlock
         counter = ctx.Value("i", 0)
-        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init, initargs=(threads, gpus, counter)) as pool:
+        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init,
+                                 initargs=(how.threads, gpus, counter)) as pool:
             futures = {pool.submit(_run_job, todo[i].values, backend, federation, timeout): i for i in pending}
             for future in as_completed(futures):
                 exc = future.exception()
@@ -349,6 +419,19 @@ class SweepProgress:
             self._progress.__exit__(*exc)
 
 
+def _without_stale(args: list[str]) -> list[str]:
+    """The command line without its ``--stale`` option (the rerun command adds its own)."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--stale":
+            skip = True
+        elif not arg.startswith("--stale="):
+            out.append(arg)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m simulations.runner", description=__doc__.split("\n\n")[0])
     parser.add_argument("experiments", nargs="*", help="experiment files (flat TOML run-config keys, optional [sweep])")
@@ -362,6 +445,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fail-fast", action="store_true", help="stop at the first failed run")
     parser.add_argument("--jobs", type=int, default=0,
                         help="runs at a time (0: with sweeps one per CPU core, or per GPU; else 1; flower: 1)")
+    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                        help="torch threads of every run, at any --jobs (default 1: results do not depend on --jobs)")
+    parser.add_argument("--stale", choices=STALE, default="refuse",
+                        help="a sweep point's run made by other code (another commit, a modified tree, another "
+                             "--threads): refuse it (default, naming the command that reruns it) or rerun it "
+                             "(the old folder is kept aside)")
     parser.add_argument("--compare", metavar="OUT", help="then select on validation and write the comparison "
                         "(table, figures with bands: simulations.compare) of the results-dir into OUT")
     parser.add_argument("--target", type=float, help="the level of rounds/bytes-to-target in --compare")
@@ -374,6 +463,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give experiment files (or --summarize RESULTS)")
     if ns.jobs < 0:
         parser.error(f"--jobs must be >= 0, got {ns.jobs}")
+    if ns.threads < 1:
+        parser.error(f"--threads must be >= 1, got {ns.threads}")
+    args = list(sys.argv[1:] if argv is None else argv)
+    rerun = shlex.join(["python", "-m", "simulations.runner", *_without_stale(args), "--stale", "rerun"])
     overrides = parse_overrides(ns.set)
     try:
         read = [(Path(f), load_plan(f, overrides, ns.results_dir)) for f in ns.experiments]  # all valid first
@@ -381,7 +474,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         any_sweep = any(isinstance(p, Sweep) for p in plans)
         jobs = 1 if ns.backend == "flower" else ns.jobs or (auto_jobs(ns.backend) if any_sweep else 1)
         lines = run_plans(read, ns.backend, parse_overrides(ns.federation_config), ns.timeout or math.inf,
-                          ns.fail_fast, jobs, any_sweep)
+                          ns.fail_fast, jobs, any_sweep, ns.threads, ns.stale, rerun)
     except (ValueError, FileNotFoundError, tomllib.TOMLDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -116,7 +116,7 @@ def smooth_digits(monkeypatch):
 
 
 #: keys the Flower path writes only when nodes fail or a run resumes
-FLOWER_ONLY = {"failures", "resumed-from-round"}
+FLOWER_ONLY = {"failures", "resumed-from-round", "resumed-by"}
 
 
 class Runs:

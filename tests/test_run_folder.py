@@ -19,7 +19,7 @@ from simulations.engine.run import run_engine
 from simulations.loopback import LoopbackGrid, run_server_app
 from tasks.config import RunConfig
 from tasks.runs.checkpoint import CheckpointError, load_checkpoint
-from tasks.runs.results import load_weights, read_results
+from tasks.runs.results import load_weights, producer, read_results
 from tasks.runs.run_folder import LOCK, RunFolderError, claim_run_folder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +113,8 @@ def test_engine_killed_and_resumed_equals_uninterrupted_earlier_lines_kept(tmp_p
     _, rows = read_results(tmp_path / "r" / "results.jsonl")
     _, ref = read_results(whole / "results.jsonl")
     assert [r["round"] for r in rows] == [0, 1, 2, 3] and rows[3]["resumed-from-round"] == 2
-    drop = {"wall-clock", "resumed-from-round"}
+    assert rows[3]["resumed-by"] == producer()  # who continued it
+    drop = {"wall-clock", "resumed-from-round", "resumed-by"}
     assert [{k: v for k, v in r.items() if k not in drop} for r in rows] == \
            [{k: v for k, v in r.items() if k not in drop} for r in ref]
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from scipy import stats as scipy_stats
 
 from simulations import runner
@@ -19,8 +20,10 @@ from simulations.sweep import format_value, last_value, read_manifest, select_po
 from tasks import load_task, partitions, splits, validation_set
 from tasks.config import RunConfig
 from tasks.partition import dirichlet, hold_out, partition
+from tasks.runs.results import code_digest, load_weights, source
 from tasks.shakespeare import ShakespeareTask
 
+THREADS = torch.get_num_threads()
 BASE = {"task": "digits", "num-rounds": 2, "num-clients": 4, "local-steps": 2, "device": "cpu", "valid-fraction": 0.1,
         "checkpoint-every": 1}
 
@@ -142,13 +145,81 @@ def test_a_diverged_point_is_an_outcome_scored_the_worst(tmp_path, capsys):
 
 
 def test_parallel_sweep_equals_sequential(tmp_path):
+    """The same points at --jobs 2 (pool workers) and --jobs 1 (this process): every run gets one torch
+    thread either way (recorded in its header), so the rows and models are identical, bit for bit."""
     path = _file(tmp_path, "lr = [0.1, 0.3]\nseeds = 2\n")
-    runner.run_all([path], "engine", results_dir=tmp_path / "par", jobs=2)
-    runner.run_all([path], "engine", results_dir=tmp_path / "seq", jobs=1)
-    for name in ("sw-lr=0.1-seed=0", "sw-lr=0.3-seed=1"):
-        a, b = load_run(tmp_path / "par" / name).rows, load_run(tmp_path / "seq" / name).rows
-        keys = ("train-loss", "test-accuracy", "test-loss", "valid-accuracy", "valid-loss")
-        assert [[r.get(k) for k in keys] for r in a] == [[r.get(k) for k in keys] for r in b]
+    torch.set_num_threads(2)  # this process's own count must not leak into its runs
+    try:
+        runner.run_all([path], "engine", results_dir=tmp_path / "par", jobs=2)
+        runner.run_all([path], "engine", results_dir=tmp_path / "seq", jobs=1)
+        assert torch.get_num_threads() == 2  # restored after the runs
+    finally:
+        torch.set_num_threads(THREADS)
+    for name in ("sw-lr=0.1-seed=0", "sw-lr=0.1-seed=1", "sw-lr=0.3-seed=0", "sw-lr=0.3-seed=1"):
+        a, b = load_run(tmp_path / "par" / name), load_run(tmp_path / "seq" / name)
+        assert a.header["torch-threads"] == b.header["torch-threads"] == 1
+        assert a.header["source"] == b.header["source"] == source()
+        assert [{k: v for k, v in r.items() if k != "wall-clock"} for r in a.rows] == \
+            [{k: v for k, v in r.items() if k != "wall-clock"} for r in b.rows]
+        wa, wb = load_weights(a.folder / "model.pt"), load_weights(b.folder / "model.pt")
+        assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def _rewrite_header(folder, change):
+    results = folder / "results.jsonl"
+    header, *rows = map(json.loads, results.read_text().splitlines())
+    change(header, rows)
+    results.write_text("".join(json.dumps(line) + "\n" for line in [header, *rows]))
+
+
+@pytest.mark.parametrize("made_by, why", [
+    (lambda h, rows: h["source"].update(code="0" * 64, commit="f" * 40), "made by other code: started by version"),
+    (lambda h, rows: h.pop("source"), "recorded no source"),
+    (lambda h, rows: h.update({"torch-threads": 2}), "with 2 torch thread(s), this runs with 1"),
+    (lambda h, rows: rows[2].update({"resumed-from-round": 1, "resumed-by": {
+        "source": {**h["source"], "code": "1" * 64}, "torch-threads": 1}}), "resumed at round 1 by version"),
+])
+def test_a_finished_point_made_by_other_code_is_refused_then_rerun(tmp_path, capsys, made_by, why):
+    """A finished sweep point is reused only when this code (and thread count) made it; else the runner
+    refuses it, naming why and the command that reruns it, and that command keeps the old run aside."""
+    path = _file(tmp_path, "seeds = 1\n")
+    res, name = tmp_path / "res", "sw-seed=0"
+    assert runner.main([path, "--backend", "engine", "--results-dir", str(res)]) == 0
+    assert "sweep sw: 1 run, 0 skipped" in capsys.readouterr().out
+    _rewrite_header(res / name, made_by)
+    before = (res / name / "results.jsonl").read_text()
+    assert runner.main([path, "--backend", "engine", "--results-dir", str(res)]) == 1
+    out = capsys.readouterr().out
+    assert "sweep sw: 0 run, 0 skipped" in out and "1 failed" in out
+    assert "StaleRun" in out and why in " ".join(out.split())
+    command = f"python -m simulations.runner {path} --backend engine --results-dir {res} --stale rerun"
+    assert command in " ".join(out.replace("│", " ").split())
+    assert (res / name / "results.jsonl").read_text() == before  # left as it was
+    assert runner.main([path, "--backend", "engine", "--results-dir", str(res), "--stale", "rerun"]) == 0
+    assert "sweep sw: 1 run, 0 skipped" in capsys.readouterr().out
+    kept = list(res.glob(f"{name}.stale-*"))
+    assert len(kept) == 1 and (kept[0] / "results.jsonl").read_text() == before
+    header = load_run(res / name).header
+    assert header["source"] == source() and header["torch-threads"] == 1
+    assert runner.main([path, "--backend", "engine", "--results-dir", str(res)]) == 0  # now it is this code's
+    assert "sweep sw: 0 run, 1 skipped" in capsys.readouterr().out
+
+
+def test_the_code_digest_follows_every_python_file_of_the_project(tmp_path):
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "a.py").write_text("x = 1\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("y = 1\n")
+    first = code_digest(tmp_path)
+    (tmp_path / "tests" / "test_a.py").write_text("y = 2\n")  # tests do not change a result
+    assert code_digest(tmp_path) == first
+    (tmp_path / "tasks" / "a.py").write_text("x = 2\n")
+    assert code_digest(tmp_path) != first
+    (tmp_path / "tasks" / "a.py").write_text("x = 1\n")
+    assert code_digest(tmp_path) == first
+    (tmp_path / "tasks" / "b.py").write_text("")  # a new (untracked) module counts
+    assert code_digest(tmp_path) != first
+    assert source()["code"] == code_digest() and source()["version"]
 
 
 # --- the validation split ----------------------------------------------------------------------

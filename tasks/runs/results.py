@@ -1,13 +1,24 @@
 """Results of a run: one JSON-lines file (config + version header, a row per round) and
-the final weights, saved so they load without unpickling arbitrary objects."""
+the final weights, saved so they load without unpickling arbitrary objects.
+
+The header records what produced the run, so that a result can be traced to (seed, config,
+code) and a stale one is never reused silently: the versions, the source (``source()``: the
+project's version, a digest of its code and, from a git checkout, its commit and whether the
+tree was modified) and ``torch-threads``, the writing process's intra-op thread
+count (CPU reductions may split by thread, so the count is part of what a CPU result depends
+on). A resumed run keeps its header; its first new row records ``resumed-by``: the source and
+threads of the process that continued it."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import hashlib
 import platform
+import subprocess
 import time
+from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -17,6 +28,7 @@ import torch
 from .safe_files import open_text, write_atomic
 
 PACKAGE = "celgc"
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (or site-packages for an installed wheel)
 
 
 def versions() -> dict[str, str]:
@@ -27,6 +39,81 @@ def versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             out[name] = "not installed"
     return out
+
+
+def _git(*args: str) -> bytes | None:
+    try:
+        proc = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+#: the project's code: the Python files of these folders (tests and docs do not change a result)
+CODE_DIRS = ("strategies", "tasks", "client", "server", "simulations", "examples")
+
+
+def code_digest(root: Path = ROOT) -> str | None:
+    """SHA-256 over the path and content of every ``*.py`` file under ``CODE_DIRS`` of ``root``
+    (tracked or not: an untracked module can be imported); None when none is there."""
+    files = sorted(f for d in CODE_DIRS for f in (root / d).rglob("*.py")
+                   if "__pycache__" not in f.parts and f.is_file() and not f.is_symlink())
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.relative_to(root).as_posix().encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+@lru_cache(maxsize=1)
+def source() -> dict[str, Any]:
+    """What code this process runs: ``version`` (the installed project's), ``code`` (``code_digest``:
+    what decides whether two runs ran the same code), and where the project runs from a git
+    checkout of its own (not a repository that merely contains an installed copy): ``commit``
+    and ``dirty`` (tracked files changed, or untracked files not ignored), else None. Computed
+    once a process: the code a process imported is the code at its start."""
+    out: dict[str, Any] = {"version": versions()[PACKAGE], "code": code_digest(), "commit": None, "dirty": None}
+    top = _git("rev-parse", "--show-toplevel")
+    if top is None or Path(top.decode().strip()).resolve() != ROOT:
+        return out
+    commit, status = _git("rev-parse", "HEAD"), _git("status", "--porcelain=v1", "--untracked-files=normal")
+    if commit is not None and status is not None:
+        out["commit"], out["dirty"] = commit.decode().strip(), bool(status.strip())
+    return out
+
+
+def producer() -> dict[str, Any]:
+    """What the header records of the process that writes a run: its source and torch threads."""
+    return {"source": source(), "torch-threads": torch.get_num_threads()}
+
+
+def _describe(src: dict[str, Any]) -> str:
+    commit = src.get("commit")
+    where = f"commit {commit[:12]}{' (modified)' if src.get('dirty') else ''}" if isinstance(commit, str) else "no git commit"
+    return f"version {src.get('version')}, {where}, code {str(src.get('code'))[:12]}"
+
+
+def other_producer(header: dict[str, Any], rows: list[dict[str, Any]], threads: int | None = None) -> str | None:
+    """Why the run of ``header`` and ``rows`` was not made by this code (the same version, code
+    digest and torch version) with, given, ``threads`` torch threads, also in any of its resumes
+    (``resumed-by``); None when it was. A header without a source (written before sources were
+    recorded) is another producer; a commit that changed no code is not."""
+    here, torch_here = source(), versions()["torch"]
+    made = [("started", header)] + [(f"resumed at round {r.get('resumed-from-round')}", r["resumed-by"])
+                                    for r in rows if isinstance(r.get("resumed-by"), dict)]
+    for when, entry in made:
+        theirs = entry.get("source")
+        if not isinstance(theirs, dict):
+            return f"{when} by code that recorded no source (older than this check)"
+        if here["code"] is None or any(theirs.get(k) != here[k] for k in ("version", "code")):
+            return f"{when} by {_describe(theirs)}; this is {_describe(here)}"
+        torch_then = (header.get("versions") or {}).get("torch")
+        if torch_then != torch_here:
+            return f"with torch {torch_then}; this is torch {torch_here}"
+        if threads is not None and entry.get("torch-threads") != threads:
+            return f"{when} with {entry.get('torch-threads')} torch thread(s), this runs with {threads}"
+    return None
 
 
 def _clean(value: Any) -> Any:
@@ -52,7 +139,7 @@ class ResultsWriter:
         if resume_from is not None and self.path.exists():
             self._keep_rows_until(resume_from)
             return
-        header = {"kind": "header", "config": config, "versions": versions(),
+        header = {"kind": "header", "config": config, "versions": versions(), **producer(),
                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **(extra or {})}
         with open_text(self.path, "w") as f:
             f.write(json.dumps({k: _clean(v) for k, v in header.items()}) + "\n")
@@ -98,6 +185,7 @@ def round_row(server_round: int, global_epoch: float, *, lr: float | None = None
         row["failures"] = list(failures)
     if resumed_from:
         row["resumed-from-round"] = resumed_from
+        row["resumed-by"] = producer()
     row.update({"lr": lr, "clip": clip})
     row.update(metrics or {})
     return row
