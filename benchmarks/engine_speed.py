@@ -42,10 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simulations.engine import Engine, EngineOptions  # noqa: E402
 from simulations.engine.distributed import World  # noqa: E402
-from strategies.algorithm import Exchange  # noqa: E402
-from strategies.algorithms import build  # noqa: E402
-from strategies.clipped_sgd import StepConfig, clipped_sgd_step  # noqa: E402
-from strategies.settings import Mode  # noqa: E402
+from strategies.core.clipped_sgd import StepConfig, clipped_sgd_step  # noqa: E402
+from strategies.core.settings import Mode  # noqa: E402
+from strategies.methods import build  # noqa: E402
+from strategies.methods.algorithm import Exchange  # noqa: E402
 from tasks import initial_model  # noqa: E402
 from tasks.config import RunConfig  # noqa: E402
 from tasks.partition import partition  # noqa: E402

@@ -135,8 +135,8 @@ def speed_table(repeats: int = 5) -> str:
 
     import torch
 
-    from strategies import reduce as R
-    from strategies.client_metrics import COLUMNS
+    from strategies.core.client_metrics import COLUMNS
+    from strategies.methods import reduce as R
     from tasks import cached_task, initial_model
     from tasks.config import RunConfig
 

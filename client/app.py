@@ -2,7 +2,7 @@
 
 Thin by design: it reads the node's ``partition-id`` / ``num-partitions`` (or its
 ``local-data`` directory: the host's own data, see ``client.local_data``), the run config
-and the exchange the message carries (``strategies.wire.exchange_of``), and hands them to
+and the exchange the message carries (``strategies.flower_api.wire.exchange_of``), and hands them to
 ``client_round`` -- the client side of the method that answers the exchange's mode, on the
 same executor as the engine's clients. A stateful task's per-client state (the language
 model's hidden state and place in its text) and a method's own per-client state (SCAFFOLD's
@@ -16,10 +16,10 @@ from __future__ import annotations
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from strategies import participation
-from strategies.algorithms import answering
 from strategies.clientapp import round_settings
-from strategies.wire import exchange_of, reply_of
+from strategies.core import client_sampling
+from strategies.flower_api.wire import exchange_of, reply_of
+from strategies.methods import answering
 from tasks import cached_task, partitions
 from tasks.config import RunConfig
 from tasks.device import pick_device
@@ -72,7 +72,7 @@ def run_config(context: Context) -> RunConfig:
 def node_clients(context: Context, cfg: RunConfig) -> list[int]:
     """The clients (partition ids) this node serves: its ``partition-id`` when the federation
     has one node per client, every ``num-partitions``-th from it when it has fewer nodes than
-    the run's num-clients (``strategies.participation.node_clients``: 8 clients on 2 nodes, 4
+    the run's num-clients (``strategies.core.client_sampling.node_clients``: 8 clients on 2 nodes, 4
     each)."""
     nc = context.node_config
     if not cfg.num_clients:
@@ -96,7 +96,7 @@ def node_clients(context: Context, cfg: RunConfig) -> list[int]:
         )
     if not (0 <= pid < num):
         raise ValueError(f"partition-id must be in [0, {num - 1}] (num-partitions={num}), got {pid}")
-    return participation.node_clients(pid, num, cfg.num_clients)
+    return client_sampling.node_clients(pid, num, cfg.num_clients)
 
 
 def node_partition(context: Context, cfg: RunConfig) -> int:

@@ -3,8 +3,8 @@
 ``client_round`` builds the ``ClientGroup`` of a node's clients -- one, or the several a
 multi-client node serves; the task's model on the run's device, each client's partition (or a
 host's own data), their kept state -- on the executor the engine would choose
-(``strategies.executors.choose_executor``), and runs the client side of the method that
-answers the exchange's mode (``strategies.algorithms.answering``): the same code as the
+(``strategies.methods.executors.choose_executor``), and runs the client side of the method that
+answers the exchange's mode (``strategies.methods.answering``): the same code as the
 engine's clients. The ClientApp calls it for every
 train message; ``train_round`` and ``gradient_round`` are the two common exchanges for tests
 and notebooks.
@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from strategies.algorithm import Exchange
-from strategies.algorithms import answering
-from strategies.executors import ClientGroup, EngineOptions, choose_executor
-from strategies.reduce import ClientResults, per_client
-from strategies.settings import Mode, RoundSettings
+from strategies.core.settings import Mode, RoundSettings
+from strategies.methods import answering
+from strategies.methods.algorithm import Exchange
+from strategies.methods.executors import ClientGroup, EngineOptions, choose_executor
+from strategies.methods.reduce import ClientResults, per_client
 from tasks import cached_task, partitions
 from tasks.config import RunConfig
 from tasks.device import pick_device

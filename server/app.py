@@ -1,7 +1,7 @@
 """The ServerApp: run config -> model + the method's strategy -> rounds -> results file and weights.
 
-Thin by design: the method is the run config's ``algorithm`` (``strategies.algorithms``), run
-as a Flower strategy by ``strategies.base``; the rows, evaluation and checkpoints are the
+Thin by design: the method is the run config's ``algorithm`` (``strategies.methods``), run
+as a Flower strategy by ``strategies.flower_api.strategy``; the rows, evaluation and checkpoints are the
 engine's too (``tasks.runs``); what is Flower's own -- the federation check, the watched
 grid, partial participation's node choice, resuming under ``Strategy.start`` -- lives here
 and beside it in ``server/``.
@@ -19,11 +19,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, M
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
-from strategies.algorithms import method
-from strategies.averaging import state_nbytes
-from strategies.base import ClippedSGDStrategy, flower_strategy
-from strategies.buffers import buffer_rules
-from strategies.participation import node_clients
+from strategies.core.averaging import state_nbytes
+from strategies.core.buffers import buffer_rules
+from strategies.core.client_sampling import node_clients
+from strategies.flower_api.strategy import ClippedSGDStrategy, flower_strategy
+from strategies.methods import method
 from tasks import cached_task, check_partitions, initial_model
 from tasks.config import RunConfig
 from tasks.device import pick_device
@@ -53,7 +53,7 @@ def strategy_metrics_only(records: list[RecordDict], weighted_by_key: str) -> Me
 
 def build_strategy(cfg: RunConfig, train_size: int, **reply_checks: Any) -> ClippedSGDStrategy:
     """The Flower strategy of the method named by ``algorithm``, every setting from the config
-    (``strategies.base.flower_strategy``: the same arguments for every method).
+    (``strategies.flower_api.strategy.flower_strategy``: the same arguments for every method).
     ``reply_checks``: ``verify_examples``, ``bound_keys``, ``max_lr_scale``, ``buffer_rules`` (``reply_checks``).
     """
     h = cfg.hyper
@@ -73,8 +73,8 @@ def build_strategy(cfg: RunConfig, train_size: int, **reply_checks: Any) -> Clip
 def reply_checks(task: object, model: torch.nn.Module) -> dict[str, Any]:
     """What the server checks in every reply beyond its structure: the example count (the
     server knows it: local-steps x batch-size rows), the clipping bound on the trainable
-    parameters, the task's largest lr scale (``strategies.bound``, docs/DEPLOY.md), the model's
-    BatchNorm layers (``strategies.buffers``: counters and variance floors)."""
+    parameters, the task's largest lr scale (``strategies.core.bound``, docs/DEPLOY.md), the model's
+    BatchNorm layers (``strategies.core.buffers``: counters and variance floors)."""
     return {"verify_examples": counts_rows(task),
             "bound_keys": [k for k, p in model.named_parameters() if p.requires_grad],
             "max_lr_scale": lr_scale_bound(task), "buffer_rules": buffer_rules(model)}
@@ -87,7 +87,7 @@ def wait_for_federation(grid: Grid, cfg: RunConfig, poll: float = 0.1,
     Connected nodes are asked for their ``partition-id`` / ``num-partitions`` (a query
     message) and the federation decided from every answer (``server.federation``): K nodes
     with distinct partition ids 0..K-1, K <= num-clients (K < num-clients: each node serves
-    every K-th client, ``strategies.participation.node_clients``; nodes that report nothing:
+    every K-th client, ``strategies.core.client_sampling.node_clients``; nodes that report nothing:
     K = num-clients). A node whose answer is malformed or conflicts is excluded (never
     trained; ``watched`` records why, in round 1's failures) and the run starts without it
     while min-replies can be met; a federation of the wrong shape fails with the fix.

@@ -19,7 +19,7 @@ Grid a ServerApp receives and is what the strategy talks to:
 Membership (``expect``): the federation found by the ServerApp's check before round 1 --
 each node with ONE distinct partition id -- is the run's membership; with fewer nodes than
 clients a node serves several (``clients_of``: every ``spread``-th client from its partition
-id, ``strategies.participation.node_clients``), and failures, answers and rejections are
+id, ``strategies.core.client_sampling.node_clients``), and failures, answers and rejections are
 recorded per client (a message to such a node names its clients in its config). Only members are
 offered to the strategy (``get_node_ids``); a node that connects later is asked for its
 partition and admitted only to take over the partition of a member that is offline (a
@@ -45,8 +45,8 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from flwr.supercore.run import Run
 
-from strategies.participation import node_clients
-from strategies.wire import CLIENTS_KEY
+from strategies.core.client_sampling import node_clients
+from strategies.flower_api.wire import CLIENTS_KEY
 
 #: the longest wait between two pulls of a round's replies (seconds); after a reply, the next
 #: pull comes after ``FIRST_WAIT``, doubling while nothing arrives (measured in simulation,
@@ -302,7 +302,7 @@ class WatchedGrid(Grid):
 
 
 def _clients_of(msg: Message) -> list[int] | None:
-    """The clients a message to a multi-client node names (``strategies.wire.CLIENTS_KEY``), or None."""
+    """The clients a message to a multi-client node names (``strategies.flower_api.wire.CLIENTS_KEY``), or None."""
     for record in msg.content.config_records.values():
         value = record.get(CLIENTS_KEY)
         if isinstance(value, list):

@@ -1,7 +1,7 @@
 """Which node serves which of a round's clients, on the Flower path.
 
 ``client_assignment`` is the strategy's ``assign`` hook: the round's clients -- all of them,
-or under partial participation the K that ``strategies.participation.participants`` draws
+or under partial participation the K that ``strategies.core.client_sampling.participants`` draws
 from (seed, round) alone, as every backend does -- each with the connected member that serves
 it (``WatchedGrid.clients_of``: its own partition, or with fewer nodes than clients every
 K-th one), in partition order. Under partial participation it also tells the grid that only
@@ -16,7 +16,7 @@ from logging import WARNING
 
 from flwr.supercore import log
 
-from strategies.participation import participants
+from strategies.core.client_sampling import participants
 from tasks.config import RunConfig
 
 from .faults import WatchedGrid

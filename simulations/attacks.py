@@ -5,14 +5,14 @@ benchmarks and the deployment drill; never imported by the apps).
 format of a state-returning method: CELGC, local SGD) given the message it answers:
 
 * ``sign-flip``: the honest update x_i - x reversed and scaled to ``scale`` times the bound an
-  honest client can move (``strategies.bound.max_displacement``: I gamma with lambda = 0), so
+  honest client can move (``strategies.core.bound.max_displacement``: I gamma with lambda = 0), so
   the displacement check passes;
 * ``bias-push``: every liar moves the model by ``scale`` times the bound along one fixed
   direction (all ones, normalised over the trainable parameters), every round;
 * ``bn-var-huge`` / ``bn-mean-huge``: every BatchNorm ``running_var`` = 1e30 / ``running_mean``
   = 1e6 (finite: only a robust aggregation neutralises them);
 * ``bn-var-negative`` / ``bn-count-max``: ``running_var`` = -50, ``num_batches_tracked`` =
-  2**63 - 1 (rejected by ``strategies.buffers``).
+  2**63 - 1 (rejected by ``strategies.core.buffers``).
 
 ``LyingGrid`` is the in-process grid whose nodes holding ``liars`` (partition ids) lie in
 every train reply; ``install(attack)`` makes every ClientApp of this interpreter lie (a
@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterable
 import torch
 from flwr.app import ArrayRecord, Message, MessageType
 
-from strategies.bound import max_displacement, norm
-from strategies.settings import RoundSettings
+from strategies.core.bound import max_displacement, norm
+from strategies.core.settings import RoundSettings
 
 from .loopback import LoopbackGrid
 
@@ -92,7 +92,7 @@ class LyingGrid(LoopbackGrid):
 def install(attack: str | Callable[[], str]) -> None:
     """Make this interpreter's ClientApp lie: every train reply it writes is ``attack``'s (a
     callable: asked at each reply, e.g. to read the attack from a file)."""
-    import strategies.wire as wire
+    import strategies.flower_api.wire as wire
 
     honest = wire.reply_of
 

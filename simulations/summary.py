@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from strategies.algorithms import METHODS
+from strategies.methods import METHODS
 from tasks.config import task_label
 from tasks.runs.results import read_results
 

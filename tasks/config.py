@@ -18,13 +18,13 @@ from typing import Any
 
 import tomllib
 
-from strategies.algorithms import METHODS, method
-from strategies.settings import DEFAULTS, Hyper
+from strategies.core.settings import DEFAULTS, Hyper
+from strategies.methods import METHODS, method
 
 TASKS = ("digits", "cifar10", "ptb", "wikitext2", "shakespeare")
 #: ``package.module:factory`` -- a task of your own (``tasks.custom``, README "Bring your own task")
 TASK_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-#: the methods (``strategies.algorithms``: one module each)
+#: the methods (``strategies.methods``: one module each)
 ALGORITHMS = tuple(METHODS)
 PARTITIONERS = ("homogeneous", "similarity", "dirichlet")
 DEVICES = ("auto", "cpu", "cuda")
@@ -44,7 +44,7 @@ _HYPER = {f.metadata["key"]: f for f in dataclasses.fields(Hyper)}
 
 
 def _hyper(name: str) -> Any:
-    """A training hyper-parameter: its meaning and default are ``strategies.settings.Hyper``'s."""
+    """A training hyper-parameter: its meaning and default are ``strategies.core.settings.Hyper``'s."""
     return _key(name, _HYPER[name].metadata["doc"], default=getattr(DEFAULTS, _HYPER[name].name))
 
 
@@ -166,7 +166,7 @@ class RunConfig:
 
     @property
     def hyper(self) -> Hyper:
-        """The training hyper-parameters (``strategies.settings.Hyper``)."""
+        """The training hyper-parameters (``strategies.core.settings.Hyper``)."""
         return Hyper(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Hyper)})
 
 
@@ -272,7 +272,7 @@ def _validate(c: RunConfig) -> None:
     _check(not c.clients_per_round or c.min_replies <= c.clients_per_round,
            f"min-replies ({c.min_replies}) must be <= clients-per-round ({c.clients_per_round}): only the sampled "
            "clients reply in a round")
-    hyper = c.hyper  # the training hyper-parameters' own checks (strategies.settings.Hyper)
+    hyper = c.hyper  # the training hyper-parameters' own checks (strategies.core.settings.Hyper)
     for problem in method(c.algorithm).problems(hyper) + method(c.algorithm).config_problems(c):
         _check(False, problem)
     _check(0 <= c.similarity <= 100, f"similarity must be in [0, 100], got {c.similarity}")

@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
-from strategies.local_update import default_count
+from strategies.core.local_update import default_count
 
 if TYPE_CHECKING:
     import numpy as np

@@ -17,7 +17,7 @@ from client.app import state_key
 from server.app import app as server_app
 from simulations.engine import EngineOptions, run_engine
 from simulations.loopback import LoopbackGrid, run_server_app
-from strategies.local_update import RoundSettings
+from strategies.core.local_update import RoundSettings
 from tasks import initial_model, load_task
 from tasks.config import RunConfig
 from tasks.runs.results import load_weights, read_results

@@ -11,7 +11,7 @@ import torch
 
 from simulations.engine import Engine, EngineOptions
 from simulations.engine.distributed import World, shard
-from strategies.executors.options import split_engine_keys
+from strategies.methods.executors.options import split_engine_keys
 from tasks.config import RunConfig
 from tasks.overrides import parse_overrides
 from tasks.runs.results import read_results

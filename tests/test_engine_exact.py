@@ -1,5 +1,5 @@
-"""The executors against one client at a time (``strategies.local_update.local_update``), the
-one averaging (``strategies.reduce``) against ``strategies.averaging``, naive parallel clipping
+"""The executors against one client at a time (``strategies.core.local_update.local_update``), the
+one averaging (``strategies.methods.reduce``) against ``strategies.core.averaging``, naive parallel clipping
 against one machine at batch N*b, and the fallback for models vmap cannot take (nn.LSTM). No
 flwr needed."""
 
@@ -12,13 +12,13 @@ import torch
 from torch import nn
 
 from simulations.engine import EngineOptions, run_engine
-from strategies import reduce
-from strategies.averaging import average_states, client_weights
-from strategies.client_metrics import COLUMNS
-from strategies.clipped_sgd import StepConfig, clipped_sgd_step
-from strategies.executors import SequentialClients, VmapClients
-from strategies.local_update import RoundStats, local_update
-from strategies.reduce import ClientResults
+from strategies.core.averaging import average_states, client_weights
+from strategies.core.client_metrics import COLUMNS
+from strategies.core.clipped_sgd import StepConfig, clipped_sgd_step
+from strategies.core.local_update import RoundStats, local_update
+from strategies.methods import reduce
+from strategies.methods.executors import SequentialClients, VmapClients
+from strategies.methods.reduce import ClientResults
 from tasks.classification import ClassificationTask
 from tasks.config import RunConfig
 from tasks.digits import DigitsCNN, digits_task

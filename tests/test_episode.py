@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from strategies.clipped_sgd import StepConfig, clipped_sgd_step
-from strategies.episode import clipping_round, corrections, episode_step
+from strategies.core.clipped_sgd import StepConfig, clipped_sgd_step
+from strategies.core.episode_corrections import clipping_round, corrections, episode_step
 
 
 def test_corrections_are_the_average_minus_each_clients_gradient():
@@ -64,9 +64,9 @@ def test_a_non_finite_direction_skips_the_step():
     assert torch.equal(new[0], x[0]) and stats["skipped"] == 1 and stats["clipped"] == 0
 
 
-# --- partial participation (strategies.participation) ----------------------------------
+# --- partial participation (strategies.core.client_sampling) ----------------------------------
 def test_participants_are_seeded_uniform_and_distinct():
-    from strategies.participation import participants
+    from strategies.core.client_sampling import participants
 
     assert participants(0, 1, 8) == list(range(8)) == participants(0, 1, 8, 8)
     picks = [participants(3, r, 10, 3) for r in range(1, 2001)]

@@ -18,9 +18,9 @@ from server.app import app as server_app
 from server.app import build_strategy, initial_model
 from simulations.engine import EngineOptions, run_engine
 from simulations.loopback import LoopbackGrid, run_server_app
-from strategies import bound
-from strategies.episode import CORRECTION_KEY, RESAMPLE_MODE, resample_seed
-from strategies.episode_strategy import EPISODE
+from strategies.core import bound
+from strategies.core.episode_corrections import CORRECTION_KEY, RESAMPLE_MODE, resample_seed
+from strategies.flower_api.episode_strategy import EPISODE
 from tasks import load_task
 from tasks.config import RunConfig
 from tasks.runs.results import load_weights, read_results
@@ -195,7 +195,7 @@ def test_config_and_strategy_choices():
 
 
 def test_engine_equals_flower_with_partial_participation(runs):
-    """K of M clients a round (strategies.participation): only they resample and train."""
+    """K of M clients a round (strategies.core.client_sampling): only they resample and train."""
     case = {**CASE, "num-clients": 4, "clients-per-round": 2}
     flower_run = runs.flower("flower-pp", **case)
     runs.same(flower_run, runs.engine("engine-pp", "auto", **case), exact=True)

@@ -8,7 +8,7 @@ import torch
 
 from simulations.engine import EngineOptions, run_engine
 from simulations.loopback import run_in_process
-from strategies.iterate_average import IterateAverage
+from strategies.core.iterate_average import IterateAverage
 from tasks.config import RunConfig
 from tasks.runs.results import read_results
 

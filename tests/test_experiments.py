@@ -16,7 +16,7 @@ from server.app import initial_model
 from simulations.loopback import LoopbackGrid, run_server_app
 from simulations.runner import load_experiment, load_plan
 from simulations.sweep import Sweep
-from strategies.local_update import RoundSettings
+from strategies.core.local_update import RoundSettings
 from tasks import load_task
 from tasks.config import RunConfig
 from tasks.runs.results import load_weights, read_results

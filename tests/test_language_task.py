@@ -11,8 +11,8 @@ import client.local_round as client_round
 import tasks as local_round
 import tasks.language as language
 from simulations.loopback import run_in_process
-from strategies.clipped_sgd import StepConfig, clipped_sgd_step
-from strategies.local_update import RoundSettings, local_update
+from strategies.core.clipped_sgd import StepConfig, clipped_sgd_step
+from strategies.core.local_update import RoundSettings, local_update
 from tasks import load_task
 from tasks.config import RunConfig
 from tasks.runs.results import read_results

@@ -1,6 +1,8 @@
-"""The import contracts: layers point down (strategies <- tasks <- client | server <- simulations),
-the engine drives the algorithm layer without server/, client/, Flower or any one method's
-module, and the run records and the algorithm layer import no Flower.
+"""The import contracts: layers point down (strategies <- tasks <- client | server <- simulations);
+inside strategies/, the Flower adapters (flower_api) -> the algorithm layer (methods) -> the pure
+math (core); the engine drives the algorithm layer without server/, client/, Flower or any one
+method's module; the run records, the algorithm layer and the math import no Flower, and the math
+no torch.distributed (checked here: import-linter cannot forbid a sub-package of torch).
 
 The contracts live in pyproject.toml ([tool.importlinter]); type-only imports count too.
 A violation fails here with import-linter's report of the offending import chain. The engine
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from strategies.algorithms import METHODS
+from strategies.methods import METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
 LINT = ("import sys; from importlinter.cli import lint_imports; "
@@ -31,7 +33,7 @@ def lint(cwd: Path) -> subprocess.CompletedProcess:
 def test_the_contracts_are_kept():
     out = lint(ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "3 kept, 0 broken" in out.stdout
+    assert "4 kept, 0 broken" in out.stdout
 
 
 def _skeleton(tmp_path: Path) -> None:
@@ -51,9 +53,13 @@ def _skeleton(tmp_path: Path) -> None:
 @pytest.mark.parametrize("module, source, chain", [
     ("strategies/bad.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import client\n", "strategies.bad -> client"),
     ("simulations/engine/bad.py", "import server\n", "simulations.engine.bad -> server"),
-    ("simulations/engine/bad.py", "import strategies.algorithms.naive\n",
-     "simulations.engine.bad -> strategies.algorithms.naive"),
-    ("strategies/algorithms/bad.py", "import flwr\n", "strategies.algorithms.bad -> flwr"),
+    ("simulations/engine/bad.py", "import strategies.methods.naive\n",
+     "simulations.engine.bad -> strategies.methods.naive"),
+    ("strategies/methods/bad.py", "import flwr\n", "strategies.methods.bad -> flwr"),
+    ("strategies/core/bad.py", "import flwr\n", "strategies.core.bad -> flwr"),
+    ("strategies/core/bad.py", "from strategies.methods import reduce\n", "strategies.core.bad -> strategies.methods"),
+    ("strategies/methods/bad.py", "import strategies.flower_api\n", "strategies.methods.bad -> strategies.flower_api"),
+    ("simulations/engine/bad.py", "import strategies.flower_api\n", "simulations.engine.bad -> strategies.flower_api"),
     ("tasks/runs/bad.py", "import flwr\n", "tasks.runs.bad -> flwr"),
 ])
 def test_the_contracts_catch_a_forbidden_import(tmp_path, module, source, chain):
@@ -63,6 +69,34 @@ def test_the_contracts_catch_a_forbidden_import(tmp_path, module, source, chain)
     out = lint(tmp_path)
     assert out.returncode != 0
     assert chain in out.stdout, out.stdout
+
+
+def distributed_imports(path: Path) -> list[str]:
+    """Where a module names torch.distributed: imports of it or of names from it, and attribute uses."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [f"import {a.name}" for a in node.names if a.name.startswith("torch.distributed")]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            if node.module.startswith("torch.distributed") or (
+                    node.module == "torch" and any(a.name == "distributed" for a in node.names)):
+                found.append(f"from {node.module} import ...")
+        elif isinstance(node, ast.Attribute) and node.attr == "distributed":
+            found.append(f"line {node.lineno}: .distributed")
+    return found
+
+
+def test_the_pure_math_uses_no_torch_distributed():
+    for path in sorted((ROOT / "strategies" / "core").rglob("*.py")):
+        assert not distributed_imports(path), f"{path.name}: {distributed_imports(path)}"
+
+
+@pytest.mark.parametrize("source", ["import torch.distributed as dist\n", "from torch import distributed\n",
+                                    "from torch.distributed import all_reduce\n",
+                                    "import torch\n\ndef f(t):\n    torch.distributed.all_reduce(t)\n"])
+def test_the_torch_distributed_check_can_fail(tmp_path, source):
+    (tmp_path / "bad.py").write_text(source)
+    assert distributed_imports(tmp_path / "bad.py")
 
 
 def _code_words(path: Path) -> set[str]:

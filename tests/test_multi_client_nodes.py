@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from strategies.participation import node_clients
+from strategies.core.client_sampling import node_clients
 
 CASES = {
     "celgc": {"local-steps": 3, "weight-decay": 1e-3, "momentum": 0.5},

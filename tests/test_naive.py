@@ -16,8 +16,8 @@ from server.app import app as server_app
 from server.app import build_strategy, initial_model
 from simulations.loopback import LoopbackGrid, run_server_app
 from strategies import NaiveParallelClip
-from strategies.clipped_sgd import StepConfig, clipped_sgd_step
-from strategies.local_update import RoundSettings
+from strategies.core.clipped_sgd import StepConfig, clipped_sgd_step
+from strategies.core.local_update import RoundSettings
 from tasks import load_task
 from tasks.config import RunConfig
 from tasks.runs.results import load_weights, read_results

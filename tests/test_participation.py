@@ -16,8 +16,8 @@ from server.app import app as server_app  # noqa: E402
 from server.faults import WatchedGrid  # noqa: E402
 from simulations.engine import EngineOptions, run_engine  # noqa: E402
 from simulations.loopback import LoopbackGrid, run_server_app  # noqa: E402
-from strategies.celgc import CELGC  # noqa: E402
-from strategies.participation import participants  # noqa: E402
+from strategies.core.client_sampling import participants  # noqa: E402
+from strategies.flower_api.celgc_strategy import CELGC  # noqa: E402
 from tasks.config import RunConfig  # noqa: E402
 from tasks.runs.results import load_weights, read_results  # noqa: E402
 

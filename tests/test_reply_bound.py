@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-import strategies.algorithm as algorithm
+import strategies.methods.algorithm as algorithm
 from client.app import app as client_app
 from server.app import app as server_app
 from simulations.loopback import LoopbackGrid, run_server_app
-from strategies import bound
+from strategies.core import bound
 from tasks.config import RunConfig
 from tasks.runs.results import read_results
 

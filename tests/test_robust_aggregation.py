@@ -14,10 +14,10 @@ from flwr.serverapp.strategy import Bulyan, FedMedian, FedProx, FedTrimmedAvg, M
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 
 from strategies import CELGC
-from strategies import reduce as R
-from strategies.buffers import Norm, buffer_rules, check_buffers, rules_from_keys
-from strategies.client_metrics import COLUMNS
-from strategies.robust import coordinate_median, trimmed_mean
+from strategies.core.buffers import Norm, buffer_rules, check_buffers, rules_from_keys
+from strategies.core.client_metrics import COLUMNS
+from strategies.core.robust_statistics import coordinate_median, trimmed_mean
+from strategies.methods import reduce as R
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 

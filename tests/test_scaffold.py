@@ -1,4 +1,4 @@
-"""SCAFFOLD, the method added as one module (strategies/algorithms/scaffold.py): the Flower path
+"""SCAFFOLD, the method added as one module (strategies/methods/scaffold.py): the Flower path
 against a reference written from the paper's Algorithm 1 with plain loops (partial
 participation: clients keep c_i while not sampled), the engine against the Flower path
 (sequential bit for bit, vmap to rounding), torchrun 2 processes == 1, flwr run == in-process,
@@ -18,7 +18,7 @@ from server.app import initial_model
 from simulations.engine import Engine, EngineOptions, run_engine
 from simulations.engine.distributed import World
 from strategies import SCAFFOLD
-from strategies.participation import participants
+from strategies.core.client_sampling import participants
 from tasks import load_task
 from tasks.config import RunConfig
 from tasks.runs.results import load_weights, read_results

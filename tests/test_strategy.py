@@ -9,7 +9,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from simulations.loopback import LoopbackGrid
 from strategies import CELGC
-from strategies.averaging import average_states, check_state, client_weights, finalize, weighted_sum
+from strategies.core.averaging import average_states, check_state, client_weights, finalize, weighted_sum
 
 
 def state(w, b, count=3):
@@ -129,7 +129,7 @@ def test_clip_off_is_local_sgd():
 
 def test_summary_lists_every_setting(monkeypatch):
     lines = []
-    monkeypatch.setattr("strategies.base.log", lambda level, msg, *args: lines.append(msg % args))
+    monkeypatch.setattr("strategies.flower_api.strategy.log", lambda level, msg, *args: lines.append(msg % args))
     strategy(lr_milestones=(80, 120), train_size=1000, weight_decay=1e-4).summary()
     text = "\n".join(lines)
     for needle in ("local steps I: 2", "batch size: 4", "lr: 0.5", "clip: 1", "weight decay: 0.0001", "momentum: 0",

@@ -249,7 +249,7 @@ def test_evaluate_metrics_aggr_fn_is_used_and_default_is_weighted():
 def test_summary_names_the_record_keys(monkeypatch):
     lines = []
     monkeypatch.setattr("flwr.serverapp.strategy.fedavg.log", lambda level, msg, *a: lines.append(msg % a))
-    monkeypatch.setattr("strategies.base.log", lambda level, msg, *a: lines.append(msg % a))
+    monkeypatch.setattr("strategies.flower_api.strategy.log", lambda level, msg, *a: lines.append(msg % a))
     celgc(weighted_by_key="n", arrayrecord_key="am", configrecord_key="cf").summary()
     text = "\n".join(lines)
     assert "Weighted by: 'n'" in text and "'am'" in text and "'cf'" in text

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from strategies.clipped_sgd import StepConfig, clipped_sgd_step
-from strategies.local_update import local_update
+from strategies.core.clipped_sgd import StepConfig, clipped_sgd_step
+from strategies.core.local_update import local_update
 
 
 def make_model(seed=0):
@@ -121,7 +121,7 @@ def test_step_config_rejects_bad_values(kwargs, match):
 
 @pytest.mark.parametrize("clip,wd,mu,bad", [(0.05, 0.0, 0.0, False), (math.inf, 1e-2, 0.9, False), (0.1, 1e-3, 0.5, True)])
 def test_cpu_fast_path_equals_the_vmappable_path(monkeypatch, clip, wd, mu, bad):
-    import strategies.clipped_sgd as cs
+    import strategies.core.clipped_sgd as cs
 
     g = torch.Generator().manual_seed(0)
     params = [torch.randn(4, 3, generator=g), torch.randn(3, generator=g)]

@@ -2,10 +2,10 @@
 as we can get, on one device, many GPUs or many hosts (``torchrun``).
 
 A driver of the algorithm layer, not a second implementation of any method: each round it
-runs the method's server side (``strategies.algorithm``: a generator of exchanges) and hands
-every exchange to the method's client side on its executors (``strategies.executors``:
+runs the method's server side (``strategies.methods.algorithm``: a generator of exchanges) and hands
+every exchange to the method's client side on its executors (``strategies.methods.executors``:
 clients one after another, or stacked with ``torch.func.vmap``); the averages are ONE flat
-all-reduce per exchange across processes (``strategies.reduce``). Its code names no method.
+all-reduce per exchange across processes (``strategies.methods.reduce``). Its code names no method.
 
 Files:
 
@@ -16,7 +16,7 @@ Files:
 Nothing here imports flwr, ``server`` or ``client`` (an import contract checks it).
 """
 
-from strategies.executors.options import EngineOptions
+from strategies.methods.executors.options import EngineOptions
 
 from .run import Engine, EngineResult, run_engine
 

@@ -6,7 +6,7 @@
 
 Same config keys, partitions (``tasks.partitions``), minibatches (``task.round_batches``),
 initial model and results files (``tasks.runs``, the Flower path's rows) as ``flwr run``, and
-the same method objects (``strategies.algorithms``: the schedule, the server side of a round,
+the same method objects (``strategies.methods``: the schedule, the server side of a round,
 the client side of every exchange, the averaging): for the same seed the per-client path
 reproduces the Flower path bit for bit, the vmap path to float rounding (a max-pool window
 whose inputs tie can route its gradient differently: see tests/test_engine_parity.py). Each
@@ -15,12 +15,12 @@ all-reduce. Process 0 evaluates (``tasks.runs.evaluation``: averaged iterates, e
 shows progress and writes the results. A stateful task's clients keep their state per client
 across rounds (``client-state = "keep"``), as the ClientApp keeps it in ``Context.state``; so
 does a method's own client state (SCAFFOLD's c_i). With ``clients-per-round = K`` <
-num-clients only the round's K clients (``strategies.participation``, the ServerApp's choice
+num-clients only the round's K clients (``strategies.core.client_sampling``, the ServerApp's choice
 too) are run, the processes sharing the K slots; epochs, schedule and bytes count K. Nothing
 here imports flwr, and nothing here names a method.
 
 Execution path (``engine-path``, reported on screen and in the results header): ``vmap``
-(``strategies.executors.vectorised``) or ``sequential`` (``strategies.executors.sequential``,
+(``strategies.methods.executors.vectorised``) or ``sequential`` (``strategies.methods.executors.sequential``,
 one module per client). ``auto`` probes one vmapped step and falls back to sequential when
 the model cannot be vmapped (``nn.LSTM``, random layers, a model class with ``engine_vmap =
 False``) or the method's step cannot (``Algorithm.vectorises``). On the CPU ``auto`` runs
@@ -47,13 +47,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from strategies.algorithm import Algorithm, Exchange, RoundReport
-from strategies.algorithms import build
-from strategies.averaging import state_nbytes
-from strategies.executors import ClientGroup, EngineOptions, SequentialClients, VmapClients, choose_executor
-from strategies.executors.options import split_engine_keys
-from strategies.participation import participants
-from strategies.reduce import ClientResults
+from strategies.core.averaging import state_nbytes
+from strategies.core.client_sampling import participants
+from strategies.methods import build
+from strategies.methods.algorithm import Algorithm, Exchange, RoundReport
+from strategies.methods.executors import ClientGroup, EngineOptions, SequentialClients, VmapClients, choose_executor
+from strategies.methods.executors.options import split_engine_keys
+from strategies.methods.reduce import ClientResults
 from tasks import cached_task, check_partitions, initial_model, partitions
 from tasks.config import RunConfig
 from tasks.device import pick_device

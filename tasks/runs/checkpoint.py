@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from strategies.averaging import check_state
+from strategies.core.averaging import check_state
 
 from .results import parse_lines
 from .safe_files import write_atomic

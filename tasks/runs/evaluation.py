@@ -1,6 +1,6 @@
 """Central evaluation of the global model, one definition for the ServerApp and the engine
 (no flwr import): the task's held-out metrics, with ``average-iterates`` the running mean of
-the global models after the non-monotone trigger (``strategies.iterate_average``), and with
+the global models after the non-monotone trigger (``strategies.core.iterate_average``), and with
 ``eval-train`` the whole training set (``train-eval-*``, the authors' CIFAR-10 "train loss":
 the averaged model on the training set, beside the clients' running ``train-loss``)."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from strategies.iterate_average import IterateAverage
+from strategies.core.iterate_average import IterateAverage
 
 from .. import validation_set
 from ..config import RunConfig

@@ -1,7 +1,7 @@
 """A run's bookkeeping after every round, one definition for the ServerApp and the engine.
 
 ``RunRecorder.record(round, state, report, ...)`` makes the round's results row from the
-method's typed ``RoundReport`` (``strategies.algorithm``): it fails the run when fewer sound
+method's typed ``RoundReport`` (``strategies.methods.algorithm``): it fails the run when fewer sound
 replies came than ``min-replies`` asks for (naming what failed), evaluates the global model
 when the round is an evaluation round (``tasks.runs.evaluation``), keeps the training
 wall-clock (evaluation excluded), appends the row to ``results.jsonl``, refuses to go on from
@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import Tensor
 
-from strategies.algorithm import RoundReport
+from strategies.methods.algorithm import RoundReport
 
 from ..config import RunConfig
 from .checkpoint import Checkpoint, refuse_non_finite, save_checkpoint

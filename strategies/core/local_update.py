@@ -2,12 +2,12 @@
 
 A local step is forward, backward and a step RULE on the trainable parameters; the rule is
 the method's (``clipped_rule``: CELGC's x <- x - min(lr, clip/|g|)(g + wd x); EPISODE's and
-SCAFFOLD's corrected steps are rules of their own, ``strategies.algorithms``). ``take_step``
+SCAFFOLD's corrected steps are rules of their own, ``strategies.methods``). ``take_step``
 is that one step, for every caller: ``local_update`` (any ClientApp: any iterable of batches,
 tuples, dicts, custom objects, a ``torch.utils.data.DataLoader``) and the executors of
-``strategies.executors`` (the engine's clients, this project's ClientApp). ``RoundStats``
+``strategies.methods.executors`` (the engine's clients, this project's ClientApp). ``RoundStats``
 keeps the round's sums on the device until the reply's metrics are read once
-(``strategies.client_metrics``). ``gradient_at`` is the other client primitive: the gradient
+(``strategies.core.client_metrics``). ``gradient_at`` is the other client primitive: the gradient
 of one minibatch at the model's point (naive parallel clipping, EPISODE's resample).
 """
 
@@ -57,7 +57,7 @@ def _clipped(params, grads, bufs, cfg, lr_scale, extra):
     return clipped_sgd_step(params, grads, bufs, cfg, lr_scale=lr_scale)
 
 
-#: CELGC's local step: clipped SGD (``strategies.clipped_sgd``)
+#: CELGC's local step: clipped SGD (``strategies.core.clipped_sgd``)
 clipped_rule = Rule(_clipped)
 
 
@@ -95,7 +95,7 @@ class RoundStats:
         self.examples += examples
 
     def table(self) -> Tensor:
-        """Per-client metrics [n, COLUMNS] (``strategies.client_metrics.client_table``); the
+        """Per-client metrics [n, COLUMNS] (``strategies.core.client_metrics.client_table``); the
         sums are scalars (one client) or [n] tensors (clients stepped together)."""
         loss = torch.atleast_1d(self.loss_sum)
         full = lambda v: torch.full_like(loss, float(v), dtype=torch.float64)  # noqa: E731

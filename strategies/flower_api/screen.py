@@ -1,11 +1,11 @@
 """The server's checks of one exchange's replies, before the method sees any (flwr Messages in).
 
-Every reply is read field by field (``strategies.wire.read_reply``: one MetricRecord, its
+Every reply is read field by field (``strategies.flower_api.wire.read_reply``: one MetricRecord, its
 weight, ranged metrics, the array groups the exchange's method expects) and then checked
 against what an honest client of this exchange can send: each group's keys, shapes and
 dtypes against the global model's (or, without one, against the layout most replies share),
 every floating-point value finite, the buffers within what an honest client's forwards can
-make of the global ones (``strategies.buffers``: BatchNorm counters exact, variances >= their
+make of the global ones (``strategies.core.buffers``: BatchNorm counters exact, variances >= their
 floor, integers in range), and the method's own ``check_result`` -- its bound on how
 far an honest client moves (``Algorithm.bound``), naive's lr scale. A reply that fails is
 recorded in the round as rejected with its reason (``Round.reject``; its bytes counted),
@@ -21,11 +21,11 @@ from dataclasses import dataclass
 import torch
 from flwr.app import Message
 
-from .algorithm import Algorithm
-from .averaging import check_state
-from .buffers import Norm, check_buffers, rules_from_keys
-from .reduce import ClientResults
-from .round import GROUP_KINDS, Exchange, Round
+from ..core.averaging import check_state
+from ..core.buffers import Norm, check_buffers, rules_from_keys
+from ..methods.algorithm import Algorithm
+from ..methods.reduce import ClientResults
+from ..methods.round import GROUP_KINDS, Exchange, Round
 from .wire import Reply, client_results, is_multi, read_content, read_reply, split_reply
 
 
@@ -37,7 +37,7 @@ class Checks:
     verify_examples: bool = False  # num-examples = the exchange's steps x batch size
     trainable: Sequence[str] | None = None  # the trainable parameters (the bound's and gradients' keys)
     max_lr_scale: float = 1.0  # the largest lr scale an honest client's batches carry
-    #: the model's BatchNorm layers (``strategies.buffers.buffer_rules``): the server knows the
+    #: the model's BatchNorm layers (``strategies.core.buffers.buffer_rules``): the server knows the
     #: clients' forwards, so counters are exact and variances floored; None: known by key names only
     buffer_rules: tuple[Norm, ...] | None = None
 
@@ -55,7 +55,7 @@ def screen(rnd: Round, exchange: Exchange, replies: Sequence[Message], algorithm
            holders: Mapping[int, Sequence[int]] | None = None) -> Screened:
     """Read and check the (non-error) ``replies`` of ``exchange``; rejections recorded in ``rnd``.
     ``holders`` (node -> the exchange's clients it serves): each node's reply is one reply per
-    client (``strategies.wire.split_reply``), each read and checked on its own; the results in
+    client (``strategies.flower_api.wire.split_reply``), each read and checked on its own; the results in
     the order of the clients' ids."""
     groups = algorithm.reply_groups(exchange.mode)
     settings = exchange.settings if checks.verify_examples else None

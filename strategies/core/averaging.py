@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from .robust import ROBUST
+from .robust_statistics import ROBUST
 
 #: the weighted means: uniform (the paper) or by examples
 WEIGHTED = ("uniform", "examples")
-#: every ``aggregation``: the weighted means and the robust statistics (``strategies.robust``)
+#: every ``aggregation``: the weighted means and the robust statistics (``strategies.core.robust_statistics``)
 AGGREGATIONS = WEIGHTED + ROBUST
 
 

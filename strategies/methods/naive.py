@@ -6,7 +6,7 @@ computes its stochastic gradient g_i at the shared point x on ONE minibatch and 
 with its buffers (BatchNorm statistics after that forward pass); the server averages them
 into g_bar and takes one step
 
-    x <- x - min(lr, clip / |g_bar|) (g_bar + weight_decay x)      (strategies.naive_step)
+    x <- x - min(lr, clip / |g_bar|) (g_bar + weight_decay x)      (strategies.core.parallel_clip_step)
 
 with the clients' own step. With N clients of batch b this equals single-machine clipped SGD
 at batch N b on the union of the same samples (for a mean-reduced loss and a model without
@@ -24,10 +24,10 @@ from typing import Any
 
 from torch import Tensor
 
-from ..algorithm import Algorithm, Exchange, Round, Server
-from ..naive_step import naive_server_step
-from ..reduce import ClientResults
-from ..settings import Hyper, Mode
+from ..core.parallel_clip_step import naive_server_step
+from ..core.settings import Hyper, Mode
+from .algorithm import Algorithm, Exchange, Round, Server
+from .reduce import ClientResults
 
 PREFIX = "momentum."
 

@@ -31,11 +31,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..algorithm import Algorithm, Exchange, Round, Server
-from ..clipped_sgd import clipped_sgd_step, grad_norm
-from ..local_update import Rule
-from ..reduce import ClientResults, per_client
-from ..settings import Hyper, Mode
+from ..core.clipped_sgd import clipped_sgd_step, grad_norm
+from ..core.local_update import Rule
+from ..core.settings import Hyper, Mode
+from .algorithm import Algorithm, Exchange, Round, Server
+from .reduce import ClientResults, per_client
 
 
 def _step(params, grads, bufs, cfg, lr_scale, extra):

@@ -18,13 +18,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..clipped_sgd import StepConfig
-from ..local_update import LossFn
+from ...core.clipped_sgd import StepConfig
+from ...core.local_update import LossFn
 from .options import EngineOptions
 from .sequential import SequentialClients
 from .vectorised import VmapClients
 
-log = logging.getLogger("strategies.executors")
+log = logging.getLogger("strategies.methods.executors")
 
 
 def choose_executor(build_model: Callable[[], nn.Module], train_loss: LossFn, loss: LossFn, n: int,

@@ -1,11 +1,11 @@
 """EPISODE: episodic gradient clipping with periodic resampled corrections (every backend).
 
 Crawshaw, Bao, Liu (ICLR 2023, https://arxiv.org/abs/2302.07155), Algorithm 1; the math
-is ``strategies.episode``. A round has two exchanges with the sampled clients:
+is ``strategies.core.episode_corrections``. A round has two exchanges with the sampled clients:
 
 1. ``episode-resample``: every client sends G_r^i, its gradient at the global point x_r on
    a fresh minibatch (drawn like the local steps' ones but from its own sampling stream,
-   ``strategies.episode.resample_seed``, without the task's client state); the server
+   ``strategies.core.episode_corrections.resample_seed``, without the task's client state); the server
    averages them into G_r (uniformly, or by examples) and builds each client's correction
    c_i = G_r - G_r^i. A client whose resample failed or was unsound is left out of the round
    (``resample-failures``).
@@ -23,12 +23,12 @@ clients run one after another (no vmap).
 
 from __future__ import annotations
 
-from ..algorithm import Algorithm, Exchange, Round, Server
-from ..clipped_sgd import grad_norm
-from ..episode import clipping_round, episode_step, resample_seed
-from ..local_update import Rule
-from ..reduce import ClientResults, per_client
-from ..settings import Mode, RoundSettings
+from ..core.clipped_sgd import grad_norm
+from ..core.episode_corrections import clipping_round, episode_step, resample_seed
+from ..core.local_update import Rule
+from ..core.settings import Mode, RoundSettings
+from .algorithm import Algorithm, Exchange, Round, Server
+from .reduce import ClientResults, per_client
 
 
 def _rule(global_norm: float) -> Rule:

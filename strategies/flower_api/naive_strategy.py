@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .algorithms.naive import NaiveParallelClip as NaiveMethod
-from .base import ClippedSGDStrategy
-from .settings import Mode
+from ..core.settings import Mode
+from ..methods.naive import NaiveParallelClip as NaiveMethod
+from .strategy import ClippedSGDStrategy
 
 #: ``mode`` value of the round config asking a client for its gradient, not a local update.
 GRADIENT_MODE = Mode.GRADIENT.value
@@ -15,7 +15,7 @@ GRADIENT_MODE = Mode.GRADIENT.value
 class NaiveParallelClip(ClippedSGDStrategy):
     """Naive parallel gradient clipping (the baseline of Liu et al., NeurIPS 2022).
 
-    Paper: https://arxiv.org/abs/2205.05040; the method is ``strategies.algorithms.naive``.
+    Paper: https://arxiv.org/abs/2205.05040; the method is ``strategies.methods.naive``.
     Each round is ONE step: the round config carries ``mode = "gradient"`` and
     ``local-steps = 1``; every client answers with ``grads`` (an ArrayRecord of the loss
     gradient w.r.t. each trainable parameter at the received point, on one minibatch of
@@ -38,7 +38,7 @@ class NaiveParallelClip(ClippedSGDStrategy):
     ----------
     lr, clip, batch_size, weight_decay, momentum, lr_decay, lr_milestones, train_size,
     aggregation, trim_fraction, num_clients, **fedavg_kwargs
-        As for :class:`strategies.base.ClippedSGDStrategy`; there are no local steps (I = 1).
+        As for :class:`strategies.flower_api.strategy.ClippedSGDStrategy`; there are no local steps (I = 1).
     """
 
     algorithm_class = NaiveMethod

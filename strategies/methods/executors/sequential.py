@@ -1,7 +1,7 @@
 """Clients one model each, stepped one after another: the executor for any model.
 
 Each client has its own ``nn.Module`` and takes its steps with autograd and the method's
-step rule (``strategies.local_update.take_step``, the one step every client path takes).
+step rule (``strategies.core.local_update.take_step``, the one step every client path takes).
 It is what this project's ClientApp runs (one client) and the engine's path for models
 ``torch.func.vmap`` cannot take (``nn.LSTM`` has no vmap batching rule, random layers cannot
 be drawn per client under vmap's default ``randomness="error"``). On CUDA every client runs
@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..clipped_sgd import StepConfig
-from ..local_update import LossFn, RoundStats, Rule, clipped_rule, default_count, gradient_at, take_step, trainable
+from ...core.clipped_sgd import StepConfig
+from ...core.local_update import LossFn, RoundStats, Rule, clipped_rule, default_count, gradient_at, take_step, trainable
 
 Seed = Callable[[int, int], int]  # (client index, step) -> seed of that step's random ops
 Count = Callable[[Any], int]

@@ -3,10 +3,10 @@
 ``ClippedSGDStrategy`` is a ``FedAvg`` that honours FedAvg's contract (``weighted_by_key``,
 ``arrayrecord_key``, ``configrecord_key``, ``train_metrics_aggr_fn`` and
 ``evaluate_metrics_aggr_fn``, float weights, ``fraction_train`` / ``min_*_nodes``) and runs the
-rounds of its method (``algorithm_class``, ``strategies.algorithms``): ``configure_train``
+rounds of its method (``algorithm_class``, ``strategies.methods``): ``configure_train``
 samples the nodes, starts the method's round and sends its exchanges (a method with two
 exchanges, EPISODE, has its first one answered inside ``configure_train``);
-``aggregate_train`` reads and checks every reply in ONE place (``strategies.wire.read_reply``:
+``aggregate_train`` reads and checks every reply in ONE place (``strategies.flower_api.wire.read_reply``:
 structure, ranges, the global model's layout, the method's bound on an honest reply; a bad
 reply is rejected and counted, never averaged and never a crash) and hands the sound ones to
 the method, whose typed ``RoundReport`` is kept as ``last_report``. The strategy classes of
@@ -29,16 +29,16 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords, sample_nodes
 from flwr.supercore import log
 
-from .algorithm import Algorithm
-from .algorithms import CELGC as CELGCMethod
-from .averaging import NON_FINITE
-from .buffers import Norm
-from .reduce import ClientResults
-from .round import Exchange, Round, RoundReport
-from .sampling import Assign, Select, sample
-from .schedule import global_epoch, scheduled
+from ..core.averaging import NON_FINITE
+from ..core.buffers import Norm
+from ..core.schedule import global_epoch, scheduled
+from ..core.settings import DEFAULTS, OWNED_KEYS, Hyper
+from ..methods import CELGC as CELGCMethod
+from ..methods.algorithm import Algorithm
+from ..methods.reduce import ClientResults
+from ..methods.round import Exchange, Round, RoundReport
+from .node_sampling import Assign, Select, sample
 from .screen import Checks, screen
-from .settings import DEFAULTS, OWNED_KEYS, Hyper
 from .wire import Reply, messages
 
 #: the Strategy methods that run a round: a class mixing in another strategy's version of one is refused
@@ -52,13 +52,13 @@ OWN_METRICS = ("num-steps", "clip-fraction")
 
 
 class ClippedSGDStrategy(FedAvg):
-    """A method of ``strategies.algorithms`` as a Flower strategy.
+    """A method of ``strategies.methods`` as a Flower strategy.
 
     Parameters
     ----------
     lr : float
         eta, the learning rate (> 0).
-    clip : float (default: 0.3, as every default: ``strategies.settings.Hyper``)
+    clip : float (default: 0.3, as every default: ``strategies.core.settings.Hyper``)
         gamma, the clipping threshold (> 0); ``math.inf`` disables clipping.
     batch_size : int (default: 32)
         Minibatch size of every step.
@@ -73,7 +73,7 @@ class ClippedSGDStrategy(FedAvg):
         Training-set size (all clients together), to count global epochs.
     aggregation : {"uniform", "examples", "median", "trimmed-mean"} (default: "uniform")
         Uniform mean (the paper), weighted by each reply's ``weighted_by_key`` value, or a
-        coordinate-wise robust statistic of the sound replies (``strategies.robust``: after
+        coordinate-wise robust statistic of the sound replies (``strategies.core.robust_statistics``: after
         the reply checks and the bound; what Flower's FedMedian and FedTrimmedAvg compute).
     trim_fraction : float (default: 0.2, Flower's FedTrimmedAvg beta)
         beta of ``aggregation="trimmed-mean"``: floor(beta n) values dropped at each end.
@@ -97,8 +97,8 @@ class ClippedSGDStrategy(FedAvg):
     max_lr_scale : float (default: 1.0)
         The largest per-step lr scale an honest client uses (batches' ``lr_scale``);
         ``math.inf`` turns the displacement bound off.
-    buffer_rules : sequence of strategies.buffers.Norm, optional
-        The model's BatchNorm layers (``strategies.buffers.buffer_rules(model)``): each reply's
+    buffer_rules : sequence of strategies.core.buffers.Norm, optional
+        The model's BatchNorm layers (``strategies.core.buffers.buffer_rules(model)``): each reply's
         ``num_batches_tracked`` must be the global count plus the exchange's local steps and its
         ``running_var`` at least what those steps leave of the global one. None: layers known by
         their buffers' names, only ``running_var >= 0`` checked (a foreign client may take any
@@ -107,13 +107,13 @@ class ClippedSGDStrategy(FedAvg):
         ``select(server_round, node_ids) -> node_ids``: which of the connected nodes
         (sorted ids, at least ``min_available_nodes`` of them, waited for) train in the
         round, instead of a uniform random sample -- e.g. the nodes holding the round's
-        partitions under partial participation (``strategies.participation``), so every
+        partitions under partial participation (``strategies.core.client_sampling``), so every
         backend trains the same clients. It must return distinct connected node ids.
     assign : callable, optional
         ``assign(server_round, node_ids) -> {node: [client ids]}``: the round's clients and the
         connected node that serves each (a multi-client node runs several with one call of its
         executor: the ServerApp's federation of partitions). The messages then go one per node
-        (``strategies.wire``: the global model once, ``clients`` in the config, each client's
+        (``strategies.flower_api.wire``: the global model once, ``clients`` in the config, each client's
         arrays and reply records suffixed with its id), every client's reply is read and checked
         on its own, and the clients' ids are their partition ids. Replaces ``select``.
     exchange_timeout : float, optional
@@ -296,7 +296,7 @@ class ClippedSGDStrategy(FedAvg):
 
     # --- rounds -----------------------------------------------------------------------
     def sample(self, grid: Grid, server_round: int | None = None) -> list[int]:
-        """This round's clients (``strategies.sampling.sample``)."""
+        """This round's clients (``strategies.flower_api.node_sampling.sample``)."""
         return sample(grid, num_clients=self.num_clients, fraction=self.fraction_train,
                       min_train_nodes=self.min_train_nodes, min_available_nodes=self.min_available_nodes,
                       select=self.select, server_round=server_round)
@@ -403,7 +403,7 @@ class ClippedSGDStrategy(FedAvg):
 
     def _results(self, rnd: Round, exchange: Exchange, replies: list[Message], *, holders: dict | None = None,
                  final: bool = False) -> tuple[ClientResults, list[Reply]]:
-        """The sound replies of ``exchange`` as the method's results (``strategies.screen``), and
+        """The sound replies of ``exchange`` as the method's results (``strategies.flower_api.screen``), and
         the replies; failed and rejected ones recorded in the round and in ``last_failures``."""
         ok, failed = self._check_and_log_replies(replies, is_train=True, validate=False)
         label = "" if exchange.final else f"{exchange.mode.value} "

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .algorithms.celgc import CELGC as CELGCMethod
-from .base import ClippedSGDStrategy
+from ..methods.celgc import CELGC as CELGCMethod
+from .strategy import ClippedSGDStrategy
 
 
 class CELGC(ClippedSGDStrategy):
@@ -15,7 +15,7 @@ class CELGC(ClippedSGDStrategy):
     ``local_steps`` steps of x <- x - min(lr, clip/|g|) (g + weight_decay x) on its own
     data and returns its parameters; the server averages them (uniformly, as in the
     paper, or weighted by examples). ``clip = inf`` gives local SGD (FedAvg with I steps).
-    The method itself is ``strategies.algorithms.celgc``, which every backend runs.
+    The method itself is ``strategies.methods.celgc``, which every backend runs.
 
     The round's ``ConfigRecord`` carries ``local-steps``, ``lr``, ``clip``,
     ``weight-decay``, ``momentum``, ``batch-size``, ``mode`` and ``server-round`` (on a copy:
@@ -37,7 +37,7 @@ class CELGC(ClippedSGDStrategy):
         I, local steps per round (>= 1).
     lr, clip, batch_size, weight_decay, momentum, lr_decay, lr_milestones, train_size,
     aggregation, trim_fraction, num_clients, **fedavg_kwargs
-        As for :class:`strategies.base.ClippedSGDStrategy`.
+        As for :class:`strategies.flower_api.strategy.ClippedSGDStrategy`.
     """
 
     algorithm_class = CELGCMethod

@@ -1,6 +1,6 @@
 """Byzantine-robust aggregation of client results, coordinate by coordinate (pure, no flwr).
 
-The paper averages (``uniform`` / ``examples``, ``strategies.reduce``). Against clients that
+The paper averages (``uniform`` / ``examples``, ``strategies.methods.reduce``). Against clients that
 lie *within* the displacement bound (an update sign-flipped at 0.999 I gamma passes every
 check) two classical robust statistics replace the mean, per coordinate over the sound
 clients' float64 rows [n, P] (Yin, Chen, Ramchandran, Bartlett, ICML 2018):
@@ -14,7 +14,7 @@ clients' float64 rows [n, P] (Yin, Chen, Ramchandran, Bartlett, ICML 2018):
 
 Both ignore the averaging weights (a weight is a client's own claim) and compose with the
 checks: a reply the bound or the buffer checks reject never reaches them. They run on every
-backend through ``strategies.reduce.mean``; across processes the sound rows are gathered by
+backend through ``strategies.methods.reduce.mean``; across processes the sound rows are gathered by
 the same one all-reduce (each process writes its clients' rows at their ids).
 """
 

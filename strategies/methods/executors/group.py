@@ -19,11 +19,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..client_metrics import COLUMNS
-from ..clipped_sgd import grad_norm
-from ..local_update import Rule, clipped_rule
+from ...core.client_metrics import COLUMNS
+from ...core.clipped_sgd import grad_norm
+from ...core.local_update import Rule, clipped_rule
+from ...core.settings import Hyper, RoundSettings
 from ..reduce import ClientArrays, ClientResults, is_stacked
-from ..settings import Hyper, RoundSettings
 
 #: ``draw(partition_id, state, *, seed, server_round, local_steps, batch_size) -> batches``
 Draw = Callable[..., Iterable[Any]]

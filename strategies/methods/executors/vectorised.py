@@ -8,7 +8,7 @@ Every parameter and buffer of the model is held as one tensor [n, ...] (client k
 so each client has its own minibatch, its own gradient norm and clipping decision and its own
 BatchNorm running statistics (the forward updates copies of the client's buffers made inside
 the transformed function, which are returned), with no Python loop over clients and no host
-sync. The update math is the rule itself (``strategies.local_update.Rule``), unchanged, under
+sync. The update math is the rule itself (``strategies.core.local_update.Rule``), unchanged, under
 vmap; a rule's per-client tensors (``extra``, e.g. SCAFFOLD's correction) are stacked and
 mapped along with the clients.
 
@@ -40,8 +40,8 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 from torch.utils import _pytree as pytree
 
-from ..clipped_sgd import StepConfig
-from ..local_update import RoundStats, Rule, clipped_rule, default_count
+from ...core.clipped_sgd import StepConfig
+from ...core.local_update import RoundStats, Rule, clipped_rule, default_count
 
 LossFn = Callable[[nn.Module, Any], Tensor]
 Count = Callable[[Any], int]

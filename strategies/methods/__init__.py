@@ -1,17 +1,20 @@
-"""The methods, each ONE module of the algorithm layer (``strategies.algorithm``), and their registry.
+"""The algorithm layer (no flwr): the methods, each ONE module here, and their registry.
 
-A new method is a module here with a subclass of ``strategies.algorithm.Algorithm`` (its
-server side, client side and the bound on an honest reply) plus its line in ``METHODS``;
-every backend -- the Flower strategies (``strategies.base``), the ClientApp, the engine and
-torchrun -- then runs it, and ``algorithm = "<name>"`` selects it in a run config.
+``algorithm`` -- the method base (``Algorithm``: server side, client side, the bound on an
+honest reply); ``round`` -- a round's exchanges and report; ``reduce`` -- the clients' results
+summed then finalised; ``replies`` -- typed, ranged reply fields; ``executors`` -- how a backend
+runs its clients. A new method is a module here with a subclass of ``Algorithm`` plus its line
+in ``METHODS``; every backend -- the Flower strategies (``strategies.flower_api.strategy``), the
+ClientApp, the engine and torchrun -- then runs it, and ``algorithm = "<name>"`` selects it in a
+run config.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..algorithm import Algorithm
-from ..settings import Hyper, Mode
+from ..core.settings import Hyper, Mode
+from .algorithm import Algorithm
 from .celgc import CELGC
 from .episode import EPISODE
 from .local_sgd import LocalSGD

@@ -73,7 +73,7 @@ class Hyper:
     lr_milestones: tuple[float, ...] = _key("lr-milestones", "global epochs of the decays, comma separated (\"80,120\")",
                                             default=())
     aggregation: str = _key("aggregation", "uniform (the paper), examples (weighted by examples), median or trimmed-mean "
-                            "(coordinate-wise, robust to lying clients: strategies.robust)", default="uniform")
+                            "(coordinate-wise, robust to lying clients: strategies.core.robust_statistics)", default="uniform")
     trim_fraction: float = _key("trim-fraction", "beta of aggregation = \"trimmed-mean\": floor(beta n) values dropped "
                                 "at each end of every coordinate, in [0, 0.5)", default=0.2)
 
@@ -92,7 +92,7 @@ class Hyper:
             if not _is_real(getattr(self, name)):
                 out.append(f"{name.replace('_', '-')} must be a number, got {getattr(self, name)!r}")
         if not out:
-            try:  # the step's own checks: lr, clip, weight decay, momentum (strategies.clipped_sgd)
+            try:  # the step's own checks: lr, clip, weight decay, momentum (strategies.core.clipped_sgd)
                 StepConfig(lr=self.lr, clip=self.clip, weight_decay=self.weight_decay, momentum=self.momentum)
             except ValueError as exc:
                 out.append(str(exc))

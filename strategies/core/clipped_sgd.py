@@ -11,8 +11,8 @@ A step whose gradient norm is not finite is skipped (parameters and momentum buf
 unchanged) and counted. ``clip = inf`` is plain SGD; with ``wd = mu = 0`` the step equals
 ``clip_grad_norm_(max_norm=clip / lr)`` followed by SGD(lr).
 
-A client applies it to its own stochastic gradient (``strategies.local_update.local_update``); the
-naive parallel-clipping server (``strategies.naive``) applies it to the clients' averaged
+A client applies it to its own stochastic gradient (``strategies.core.local_update.local_update``); the
+naive parallel-clipping server (``strategies.flower_api.naive_strategy``) applies it to the clients' averaged
 gradient. ``clipped_sgd_step`` is functional (returns new tensors), so it also runs under
 ``torch.func.vmap`` on N stacked clients in the fast engine.
 """

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from .algorithms.episode import EPISODE as EpisodeMethod
-from .base import ClippedSGDStrategy
+from ..methods.episode import EPISODE as EpisodeMethod
+from .strategy import ClippedSGDStrategy
 
 
 class EPISODE(ClippedSGDStrategy):
     """EPISODE: episodic gradient clipping with periodic resampled corrections.
 
     Crawshaw, Bao, Liu (ICLR 2023), https://arxiv.org/abs/2302.07155, Algorithm 1 (the
-    method: ``strategies.algorithms.episode``; the math: ``strategies.episode``). A round
+    method: ``strategies.methods.episode``; the math: ``strategies.core.episode_corrections``). A round
     has two exchanges with the sampled clients:
 
     1. ``configure_train`` sends the global arrays with ``mode = "episode-resample"`` and
        waits (``grid.send_and_receive``, ``resample_timeout``) for each client's gradient
        G_r^i at the global point on a fresh minibatch (ArrayRecords ``grads`` and
-       ``buffers``, drawn from the resample stream ``strategies.episode.resample_seed``).
+       ``buffers``, drawn from the resample stream ``strategies.core.episode_corrections.resample_seed``).
        It averages them into G_r (uniformly, or by examples with ``aggregation =
        "examples"``) and builds each client's correction c_i = G_r - G_r^i. A client whose
        resample failed or was unsound (keys or shapes other than the trainable parameters',
@@ -38,7 +38,7 @@ class EPISODE(ClippedSGDStrategy):
     Parameters
     ----------
     local_steps, lr, **kwargs
-        As for :class:`strategies.celgc.CELGC`.
+        As for :class:`strategies.flower_api.celgc_strategy.CELGC`.
     resample_timeout : float, optional
         Seconds to wait for the resampled gradients (None: no limit).
     """

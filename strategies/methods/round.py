@@ -3,7 +3,7 @@
 ``Round`` is what a method's server side (``Algorithm.server``) works with: it builds each
 ``Exchange`` (the settings of its ``Mode`` from the method's schedule, the clients, their
 per-client arrays; the bytes it sends), averages the clients' results over all processes
-(``mean``: ONE all-reduce, ``strategies.reduce``; the bytes received), keeps the rejections
+(``mean``: ONE all-reduce, ``strategies.methods.reduce``; the bytes received), keeps the rejections
 and failures the backend reports, and ends the round with its ``RoundReport``: the new
 global state and the round's metrics -- ``replies``, ``rejected-replies``, ``failed-replies``,
 ``bytes-sent``, ``bytes-received``, the clients' metrics and the method's own.
@@ -17,13 +17,13 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from .averaging import state_nbytes
+from ..core.averaging import state_nbytes
+from ..core.settings import Hyper, Mode, RoundSettings
 from .reduce import AllReduce, ClientResults, Mean, mean, per_client
-from .settings import Hyper, Mode, RoundSettings
 
 
 class Method(Protocol):
-    """What a round needs of its method (``strategies.algorithm.Algorithm`` is one)."""
+    """What a round needs of its method (``strategies.methods.algorithm.Algorithm`` is one)."""
 
     modes: tuple[Mode, ...]
     groups: dict[str, str]

@@ -9,7 +9,7 @@ runs), each client's arrays as ``<name>.<partition id>``; its reply carries ``<g
 and ``metrics.<id>`` per client, which ``split_reply`` turns back into one reply per client
 (with one client a node, the plain format to the node).
 ``read_reply`` parses one reply field by field into typed values -- its one MetricRecord
-(``strategies.replies``), its weight (``weighted_by_key``), its ArrayRecords decoded into the
+(``strategies.methods.replies``), its weight (``weighted_by_key``), its ArrayRecords decoded into the
 groups the exchange's method expects -- or the reason to reject it; nothing here raises on
 client input. ``client_results`` stacks the sound replies into the algorithm's
 ``ClientResults``. Client side: ``exchange_of`` reads a train Message back into an exchange and
@@ -27,12 +27,12 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
-from .algorithm import Exchange
-from .averaging import state_nbytes
-from .client_metrics import table_from_records
-from .reduce import ClientResults, per_client
-from .replies import parse_metrics
-from .settings import RoundSettings
+from ..core.averaging import state_nbytes
+from ..core.client_metrics import table_from_records
+from ..core.settings import RoundSettings
+from ..methods.algorithm import Exchange
+from ..methods.reduce import ClientResults, per_client
+from ..methods.replies import parse_metrics
 
 
 @dataclass

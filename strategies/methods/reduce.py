@@ -1,16 +1,16 @@
 """The end of an exchange: the clients' results -> one flat float64 vector -> the average (pure).
 
 Every backend averages the same way (the Flower strategies, the engine on one process or
-many): sum-then-finalise (``strategies.averaging``), in float64, cast back by
-``strategies.averaging.finalize`` (integer buffers rounded, dtype kept):
+many): sum-then-finalise (``strategies.core.averaging``), in float64, cast back by
+``strategies.core.averaging.finalize`` (integer buffers rounded, dtype kept):
 
 * a client whose floating-point results hold a non-finite value is left out (not averaged,
   not counted among the replies);
 * the average is sum_i w_i x_i over the sound clients with w_i = 1/N (``uniform``, N the
   clients asked) or their weights (``examples``), renormalised over the sound clients;
-* ``median`` / ``trimmed-mean`` (``strategies.robust``) replace that sum by the statistic of
+* ``median`` / ``trimmed-mean`` (``strategies.core.robust_statistics``) replace that sum by the statistic of
   the sound clients' values, coordinate by coordinate (the weights ignored);
-* the round's client metrics are ``strategies.client_metrics``' (per-client table, sums,
+* the round's client metrics are ``strategies.core.client_metrics``' (per-client table, sums,
   finish); per-client scalars (e.g. naive's ``lr-scale``) are averaged uniformly.
 
 What crosses processes is ONE float64 vector per process -- its clients' weighted sums of
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .averaging import AGGREGATIONS, finalize
-from .client_metrics import COLUMNS, SUMS_WIDTH, finish_metrics, metric_sums, row_metrics
-from .robust import ROBUST, aggregate
+from ..core.averaging import AGGREGATIONS, finalize
+from ..core.client_metrics import COLUMNS, SUMS_WIDTH, finish_metrics, metric_sums, row_metrics
+from ..core.robust_statistics import ROBUST, aggregate
 
 #: the clients' tensors of one group: stacked ({key: [n, ...]}) or one mapping per client
 ClientArrays = Mapping[str, Tensor] | Sequence[Mapping[str, Tensor]]
@@ -112,7 +112,7 @@ class Mean:
 
     arrays: dict[str, dict[str, Tensor]] | None  # group -> averaged tensors; None: no sound client
     replies: int  # sound clients (all processes)
-    metrics: dict[str, float | int]  # the round's client metrics (strategies.client_metrics)
+    metrics: dict[str, float | int]  # the round's client metrics (strategies.core.client_metrics)
     scalars: dict[str, float]  # uniform means of the per-client scalars over the sound clients
     ok: Tensor  # [n] this process's sound clients
     sums: dict[str, float] = field(default_factory=dict)  # the ``sums`` given, summed over all processes
@@ -204,7 +204,7 @@ def mean(results: ClientResults, like: Mapping[str, Mapping[str, Tensor]], *, ag
     ``expected``: the clients asked in the exchange (all processes): the uniform weight is
     1/expected, renormalised over the sound ones. ``sums``: this process's counters (bytes,
     clients) to add over all processes in the same collective. A robust ``aggregation``
-    (``strategies.robust``: ``median``, ``trimmed-mean`` with ``trim_fraction``) takes the
+    (``strategies.core.robust_statistics``: ``median``, ``trimmed-mean`` with ``trim_fraction``) takes the
     statistic of the sound clients' rows instead of their weighted sum; across processes the
     rows travel in the same all-reduce, each process writing its clients' rows at their ids
     (``population``: the number of client ids, needed then)."""

@@ -1,15 +1,15 @@
 """The algorithm layer: each method defined once, driven by every backend (pure, no flwr).
 
-A method (``strategies.algorithms``: CELGC, local SGD, naive parallel clipping, EPISODE,
+A method (``strategies.methods``: CELGC, local SGD, naive parallel clipping, EPISODE,
 single-machine clipped SGD, SCAFFOLD) is ONE subclass of ``Algorithm`` with two sides:
 
 * the server side, ``server(rnd)``: one round as straight-line code, a generator that yields
   each ``Exchange`` (what the round's clients are sent: the global model, the settings with
   their ``Mode``, any per-client arrays) and receives the clients' ``ClientResults``, averages
-  them with ``rnd.mean`` (sum-then-finalise, ``strategies.reduce``) and ends with
+  them with ``rnd.mean`` (sum-then-finalise, ``strategies.methods.reduce``) and ends with
   ``rnd.finish(new_state, metrics)``, which returns the round's typed ``RoundReport``;
 * the client side, ``client(exchange, group)``: what the clients of a ``ClientGroup`` do in
-  one exchange, with the primitives of ``strategies.executors`` (local steps of a step
+  one exchange, with the primitives of ``strategies.methods.executors`` (local steps of a step
   rule, a gradient) -- one client in a ClientApp, many in the engine.
 
 Beside them a method states what an honest client's reply can be: ``bound(settings)``, the
@@ -29,11 +29,11 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
-from .bound import check_displacement, norm
+from ..core.bound import check_displacement, norm
+from ..core.schedule import global_epoch, scheduled
+from ..core.settings import Hyper, Mode, RoundSettings
 from .reduce import ClientResults
 from .round import Exchange, Rejection, Round, RoundReport, Server
-from .schedule import global_epoch, scheduled
-from .settings import Hyper, Mode, RoundSettings
 
 __all__ = ["Algorithm", "Exchange", "Rejection", "Round", "RoundReport", "Server"]
 

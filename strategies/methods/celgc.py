@@ -4,22 +4,22 @@ Liu, Zhuang, Lei, Liao, "A Communication-Efficient Distributed Gradient Clipping
 for Training Deep Neural Networks" (NeurIPS 2022, https://arxiv.org/abs/2205.05040),
 Algorithm 1. Each round every client runs I local steps of
 
-    x <- x - min(eta, gamma / |g|) (g + lambda x)        (strategies.clipped_sgd)
+    x <- x - min(eta, gamma / |g|) (g + lambda x)        (strategies.core.clipped_sgd)
 
 from the global model and returns its parameters; the server averages them (uniformly, as in
 the paper, or weighted by examples), BatchNorm statistics included. gamma = inf gives local
 SGD (FedAvg with I local steps). An honest client moves at most I gamma in a round (with
-lambda = 0 and lr scale 1; ``strategies.bound`` for the general bound).
+lambda = 0 and lr scale 1; ``strategies.core.bound`` for the general bound).
 """
 
 from __future__ import annotations
 
 import math
 
-from ..algorithm import Algorithm, Exchange, Round, Server
-from ..bound import max_displacement
-from ..reduce import ClientResults
-from ..settings import Mode, RoundSettings
+from ..core.bound import max_displacement
+from ..core.settings import Mode, RoundSettings
+from .algorithm import Algorithm, Exchange, Round, Server
+from .reduce import ClientResults
 
 
 class CELGC(Algorithm):

@@ -4,8 +4,8 @@ Given the shared parameters x and the clients' averaged gradient g_bar, one clip
 
     x <- x - min(lr, clip / |g_bar|) (g_bar + weight_decay x)      (+ heavy-ball momentum)
 
-with the clients' own step (``strategies.clipped_sgd.clipped_sgd_step``). Used by
-``strategies.naive.NaiveParallelClip`` (Flower) and the fast engine.
+with the clients' own step (``strategies.core.clipped_sgd.clipped_sgd_step``). Used by
+``strategies.flower_api.naive_strategy.NaiveParallelClip`` (Flower) and the fast engine.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ averages the parameters. No displacement bound holds (the steps are not clipped)
 
 from __future__ import annotations
 
-from ..settings import Hyper
+from ..core.settings import Hyper
 from .celgc import CELGC
 
 
