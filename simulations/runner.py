@@ -50,6 +50,7 @@ import math
 import multiprocessing
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -65,7 +66,9 @@ import tomllib
 from tasks.config import RunConfig
 from tasks.overrides import parse_overrides
 from tasks.runs.results import other_producer, read_results
+from tasks.runs.run_folder import stopped_at
 
+from .interrupt import Stopped, command_line, report, stoppable
 from .summary import find_runs, load_run, print_table, summarize
 from .sweep import Point, Sweep, diverged, finished, parse_sweep, select_point, tuning_scores, write_manifest
 
@@ -195,6 +198,7 @@ def _worker_init(threads: int, gpus: int, counter: Any) -> None:
     if gpus > 1:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(index % gpus)
     os.environ["OMP_NUM_THREADS"] = str(threads)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops the pool
     import torch
 
     torch.set_num_threads(threads)
@@ -355,12 +359,19 @@ def _execute(todo: list[Job], backend: str, federation: dict[str, Any] | None, t
         with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init,
                                  initargs=(how.threads, gpus, counter)) as pool:
             futures = {pool.submit(_run_job, todo[i].values, backend, federation, timeout): i for i in pending}
-            for future in as_completed(futures):
-                exc = future.exception()
-                if done(futures[future], None if exc else future.result(), exc):
-                    for f in futures:
-                        f.cancel()
-                    break
+            try:
+                for future in as_completed(futures):
+                    exc = future.exception()
+                    if done(futures[future], None if exc else future.result(), exc):
+                        for f in futures:
+                            f.cancel()
+                        break
+            except BaseException:  # Ctrl-C or SIGTERM: the runs stop where they are (rows and checkpoints kept)
+                for f in futures:
+                    f.cancel()
+                for process in list(getattr(pool, "_processes", {}).values()):
+                    process.terminate()
+                raise
     return [line for line in lines if line is not None]
 
 
@@ -419,6 +430,28 @@ class SweepProgress:
             self._progress.__exit__(*exc)
 
 
+def _stopped_where(read: Sequence[tuple[Path, dict[str, Any] | Sweep]], args: list[str], files: list[str]) -> str:
+    """Where a stopped command is, and the commands that go on: the same command for sweeps (finished
+    points are skipped, an interrupted one resumes), a plain file's own resume command."""
+    if not read:
+        return "stopped before any run started"
+    others = list(args)
+    for f in files:
+        others.remove(f)
+    parts = []
+    sweeps = [plan for _, plan in read if isinstance(plan, Sweep)]
+    if sweeps:
+        parts.append(f"sweep(s) {', '.join(sw.name for sw in sweeps)}: finished points are kept and an interrupted "
+                     f"one resumes from its checkpoint when the same command runs again: "
+                     f"{command_line('simulations.runner', [str(sw.file) for sw in sweeps] + others)}")
+    for path, plan in read:
+        if not isinstance(plan, Sweep):
+            folder = Path(plan["results-dir"]) / plan["run-name"]
+            again = command_line("simulations.runner", [str(path), *others, "--set", "resume=true"])
+            parts.append(f"{path}: " + ("finished" if (folder / "model.pt").is_file() else stopped_at(folder, again)))
+    return " | ".join(parts)
+
+
 def _without_stale(args: list[str]) -> list[str]:
     """The command line without its ``--stale`` option (the rerun command adds its own)."""
     out, skip = [], False
@@ -468,16 +501,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     rerun = shlex.join(["python", "-m", "simulations.runner", *_without_stale(args), "--stale", "rerun"])
     overrides = parse_overrides(ns.set)
+    read: list[tuple[Path, dict[str, Any] | Sweep]] = []
     try:
-        read = [(Path(f), load_plan(f, overrides, ns.results_dir)) for f in ns.experiments]  # all valid first
-        plans = [plan for _, plan in read]
-        any_sweep = any(isinstance(p, Sweep) for p in plans)
-        jobs = 1 if ns.backend == "flower" else ns.jobs or (auto_jobs(ns.backend) if any_sweep else 1)
-        lines = run_plans(read, ns.backend, parse_overrides(ns.federation_config), ns.timeout or math.inf,
-                          ns.fail_fast, jobs, any_sweep, ns.threads, ns.stale, rerun)
+        with stoppable():
+            read = [(Path(f), load_plan(f, overrides, ns.results_dir)) for f in ns.experiments]  # all valid first
+            plans = [plan for _, plan in read]
+            any_sweep = any(isinstance(p, Sweep) for p in plans)
+            jobs = 1 if ns.backend == "flower" else ns.jobs or (auto_jobs(ns.backend) if any_sweep else 1)
+            lines = run_plans(read, ns.backend, parse_overrides(ns.federation_config), ns.timeout or math.inf,
+                              ns.fail_fast, jobs, any_sweep, ns.threads, ns.stale, rerun)
     except (ValueError, FileNotFoundError, tomllib.TOMLDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, Stopped) as exc:
+        return report("python -m simulations.runner", exc, _stopped_where(read, args, ns.experiments))
     shown = [line for line in lines if "sweep" not in line or line["status"] in ("failed", "diverged")]
     if shown:
         print_table(shown, title=f"Experiments ({ns.backend})")

@@ -20,7 +20,7 @@ from simulations.loopback import LoopbackGrid, run_server_app
 from tasks.config import RunConfig
 from tasks.runs.checkpoint import CheckpointError, load_checkpoint
 from tasks.runs.results import load_weights, producer, read_results
-from tasks.runs.run_folder import LOCK, RunFolderError, claim_run_folder
+from tasks.runs.run_folder import LOCK, RunFolderError, claim_run_folder, stopped_at
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = {"num-rounds": 3, "local-steps": 2, "num-clients": 3, "node-wait": 2.0, "batch-size": 16}
@@ -150,6 +150,39 @@ def test_engine_resume_refuses_other_settings(tmp_path, whole):
     with pytest.raises(CheckpointError, match="lr: 0.3 -> 0.2"):
         run_engine(RunConfig.from_mapping({**CONFIG, "results-dir": str(whole.parent), "run-name": "w",
                                            "resume": True, "lr": 0.2}), show_progress=False)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"task": "examples.own_task.no_such_module:make_task"}, "no_such_module"),
+    ({"num-clients": 5000}, "5000"),
+])
+def test_a_run_refused_before_round_0_leaves_no_folder(tmp_path, bad, message):
+    """Refused on the engine and on the ServerApp: the folders the claim made are gone again; a
+    results-dir that was there before stays."""
+    with pytest.raises((ValueError, ImportError), match=message):
+        engine(tmp_path / "new" / "res", "r", **bad)
+    assert not (tmp_path / "new").exists()
+    values = {**RunConfig().to_mapping(), **CONFIG, "results-dir": str(tmp_path), "run-name": "s", **bad}
+    with pytest.raises((ValueError, ImportError), match=message):
+        run_server_app(server_app, LoopbackGrid(client_app, values, 3))
+    assert tmp_path.is_dir() and not (tmp_path / "s").exists()
+
+
+def test_stopped_at_says_where_a_run_stopped_and_how_to_go_on(tmp_path, monkeypatch):
+    assert stopped_at(tmp_path / "none", "CMD").startswith("stopped before round 0: nothing was written")
+    crash_at(monkeypatch, 3)
+    with pytest.raises(Crash):
+        engine(tmp_path, "f")
+    assert stopped_at(tmp_path / "f", "CMD") == (f"stopped after round 2; {tmp_path / 'f'} keeps its rows and the "
+                                                 "round-2 checkpoint; resume it (bit-identical to an uninterrupted "
+                                                 "run) with: CMD")
+    (tmp_path / "f" / "checkpoint.pt").unlink()
+    assert "has no checkpoint (checkpoint-every=0?), so it cannot be resumed" in stopped_at(tmp_path / "f", "CMD")
+    crash_at(monkeypatch, 1)
+    with pytest.raises(Crash):
+        engine(tmp_path, "g")
+    assert stopped_at(tmp_path / "g", "CMD").endswith("has no trained round yet; start it again in that folder "
+                                                      "with: CMD")
 
 
 def test_a_live_run_locks_its_folder(tmp_path):

@@ -256,7 +256,9 @@ def _rounds(cfg: RunConfig, options: EngineOptions, world: World, task: Any, par
     return EngineResult(engine.state, recorder.rows, engine.path, engine.clients, folder if main else None, engine.notes)
 
 
-def main(argv: Sequence[str] | None = None) -> EngineResult:
+def parse(argv: Sequence[str] | None = None) -> tuple[RunConfig, EngineOptions, bool]:
+    """(config, engine options, quiet) of the command line; the run's folder name fixed now (a
+    run-name from the clock otherwise), so that a stopped run can be named in its resume command."""
     parser = argparse.ArgumentParser(prog="python -m simulations.engine", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="pyproject.toml", help="pyproject.toml or a flat TOML file of run keys")
@@ -265,7 +267,14 @@ def main(argv: Sequence[str] | None = None) -> EngineResult:
                              "engine-* keys choose the execution path and switches")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     run_keys, engine_keys = split_engine_keys(parse_overrides(args.run_config))
     cfg = RunConfig.from_toml(args.config, run_keys)
-    return run_engine(cfg, EngineOptions.from_mapping(engine_keys), show_progress=not args.quiet)
+    if not cfg.run_name:
+        cfg = RunConfig.from_mapping({**cfg.to_mapping(), "run-name": cfg.folder_name()})
+    return cfg, EngineOptions.from_mapping(engine_keys), args.quiet
+
+
+def main(argv: Sequence[str] | None = None) -> EngineResult:
+    cfg, options, quiet = parse(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return run_engine(cfg, options, show_progress=not quiet)

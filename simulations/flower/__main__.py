@@ -4,7 +4,9 @@ stop the local SuperLink that ``flwr run .`` started for this FLWR_HOME.
     python -m simulations.flower APP_DIR [--run-config "k=v ..."] [--federation-config ...]
     python -m simulations.flower stop-local [--flwr-home DIR]
 
-Exit status (run): 0 finished:completed, 1 another final status, 2 CLI or start error.
+Exit status (run): 0 finished:completed, 1 another final status, 2 CLI or start error, 130/143
+stopped by Ctrl-C/SIGTERM (the local SuperLink stopped with the run; one line names the command
+that resumes it).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ..interrupt import Stopped, command_line, report, stoppable
 from .cli import FlowerCliError, RunFailed, run_app
 from .local import local_log_file, stop_local_superlink
 from .processes import strip_ansi
@@ -47,14 +50,23 @@ def run_main(argv: Sequence[str]) -> int:
         return run_app(ns.app_dir, ns.run_config or None, ns.federation_config or None, ns.timeout, superlink=sl)
 
     try:
+        with stoppable():
+            if ns.address:
+                with ExistingSuperLink(ns.address) as sl:
+                    run = go(sl)
+            else:
+                with LocalSuperLink(simulation=not ns.deployment, keep_home=ns.keep_home) as sl:
+                    if ns.keep_home:
+                        print(f"FLWR_HOME={sl.home}", file=sys.stderr)
+                    run = go(sl)
+    except (KeyboardInterrupt, Stopped) as exc:
         if ns.address:
-            with ExistingSuperLink(ns.address) as sl:
-                run = go(sl)
-        else:
-            with LocalSuperLink(simulation=not ns.deployment, keep_home=ns.keep_home) as sl:
-                if ns.keep_home:
-                    print(f"FLWR_HOME={sl.home}", file=sys.stderr)
-                run = go(sl)
+            return report(PROG, exc, f"stopped waiting; a run already submitted goes on on {ns.address} "
+                                     "(flwr stop RUN_ID stops it)")
+        again = command_line("simulations.flower", list(argv), "--run-config", "resume=true")
+        return report(PROG, exc, "stopped the run with its local SuperLink; a CELGC run keeps its rows and last "
+                                 "checkpoint in its run folder (the ServerApp logged it): resume it with the same "
+                                 f"run-name: {again}")
     except RunFailed as exc:
         print(exc, file=sys.stderr)
         if exc.cause:  # again after the log's tail: the line a reader sees last

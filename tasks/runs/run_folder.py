@@ -14,6 +14,12 @@ the ServerApp and by the engine:
   live writer owns them.
 - no symlink is followed: a run folder that is a symlink is refused, and every file of the
   run is opened without following one (``tasks.runs.safe_files``).
+- a run that ends before it wrote anything (refused before round 0: a bad task, too many
+  clients, ...; or stopped that early) leaves no folder behind: the folders the claim created
+  are removed again when they hold nothing but the lock.
+
+``stopped_at(folder, resume_command)`` says, in one line, where a stopped run is and how to go
+on (the engine's, the runner's and the Flower wrapper's answer to Ctrl-C and SIGTERM).
 """
 
 from __future__ import annotations
@@ -82,15 +88,18 @@ def refusal(folder: Path, present: list[str]) -> str:
 def claim_run_folder(folder: str | Path, *, resume: bool) -> Iterator[Path]:
     """Own ``folder`` for the duration of the ``with`` block (see the module docstring)."""
     folder = Path(folder)
+    created = [p for p in [folder, *folder.parents] if not p.exists()]  # deepest first: removed again if left empty
     if folder.is_symlink():
         raise RunFolderError(f"{folder} is a symlink to {os.readlink(folder)}: a run folder must be a real folder "
                              "inside results-dir (a run writes nowhere else); remove the link or choose another "
                              "run-name")
     folder.mkdir(parents=True, exist_ok=True)
     fd = open_fd(folder / LOCK, os.O_RDWR | os.O_CREAT)
+    locked = False
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked = True
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             raise RunFolderError(
@@ -104,4 +113,37 @@ def claim_run_folder(folder: str | Path, *, resume: bool) -> Iterator[Path]:
         remove_stale_temp_files(folder)
         yield folder
     finally:
+        if locked and created and not holds_a_run(folder) and [p.name for p in folder.iterdir()] == [LOCK]:
+            (folder / LOCK).unlink(missing_ok=True)  # still locked: no other run is between the check and the unlink
+            for path in created:
+                try:
+                    path.rmdir()
+                except OSError:  # not empty (another run's files): kept
+                    break
         os.close(fd)  # releases the lock
+
+
+def stopped_at(folder: str | Path, resume_command: str) -> str:
+    """Where the run of ``folder`` stopped and how it goes on, one line: ``resume_command`` (the
+    run's own command with resume=true) when its checkpoint (or no trained round yet) lets it
+    continue, else why it cannot."""
+    folder = Path(folder)
+    from .checkpoint import CheckpointError, _rows, load_checkpoint
+
+    if not holds_a_run(folder):
+        return f"stopped before round 0: nothing was written ({folder} not kept); start it again with the same command"
+    rounds = [r["round"] for r in _rows(folder / "results.jsonl") if r.get("kind") == "round"]
+    reached = f"after round {max(rounds)}" if rounds else "before round 0"
+    if "model.pt" in holds_a_run(folder):
+        return f"stopped after its last round: {folder} holds the finished run (model.pt)"
+    try:
+        ckpt = load_checkpoint(folder)
+    except CheckpointError as exc:
+        return f"stopped {reached}; {folder} keeps its rows but its checkpoint is unreadable ({exc}): start it fresh"
+    if ckpt is not None:
+        return (f"stopped {reached}; {folder} keeps its rows and the round-{ckpt.round} checkpoint; resume it "
+                f"(bit-identical to an uninterrupted run) with: {resume_command}")
+    if not any(r > 0 for r in rounds):
+        return f"stopped {reached}; {folder} has no trained round yet; start it again in that folder with: {resume_command}"
+    return (f"stopped {reached}; {folder} keeps its rows but has no checkpoint (checkpoint-every=0?), so it cannot "
+            "be resumed: start it fresh with another run-name")
