@@ -3,8 +3,9 @@
 Thin by design: it reads the node's ``partition-id`` / ``num-partitions`` (or its
 ``local-data`` directory: the host's own data, see ``client.local_data``), the run config
 and the exchange the message carries (``strategies.flower_api.wire.exchange_of``), and hands them to
-``client_round`` -- the client side of the method that answers the exchange's mode, on the
-same executor as the engine's clients. A stateful task's per-client state (the language
+``client_round`` -- the client side of exactly the method the round's config names
+(``algorithm``; a name this node does not have is an error), on the same executor as the
+engine's clients. A stateful task's per-client state (the language
 model's hidden state and place in its text) and a method's own per-client state (SCAFFOLD's
 control variate) live in the node's ``Context.state`` (ArrayRecords per partition id), which
 Flower keeps for the node from round to round in simulation and deployment; a restarted
@@ -19,7 +20,7 @@ from flwr.clientapp import ClientApp
 from strategies.clientapp import round_settings
 from strategies.core import client_sampling
 from strategies.flower_api.wire import exchange_of, reply_of
-from strategies.methods import answering
+from strategies.methods import client_side
 from tasks import cached_task, partitions
 from tasks.config import RunConfig
 from tasks.device import pick_device
@@ -131,7 +132,7 @@ def train(msg: Message, context: Context) -> Message:
     data = (local.task, local.indices) if local else None
     task = local.task if local else cached_task(cfg)
     states = [load_client_state(context, cfg, pid, task) for pid in pids]
-    keeps = answering(settings.mode).keeps_client_memory
+    keeps = client_side(settings).keeps_client_memory  # the method the round names, or a clear error
     memories = [load_memory(context, pid) if keeps else None for pid in pids]
     results = client_round(cfg, pids, exchange, data, states, memories)
     for pid, state, memory in zip(pids, states, memories, strict=True):

@@ -3,9 +3,9 @@
 ``client_round`` builds the ``ClientGroup`` of a node's clients -- one, or the several a
 multi-client node serves; the task's model on the run's device, each client's partition (or a
 host's own data), their kept state -- on the executor the engine would choose
-(``strategies.methods.executors.choose_executor``), and runs the client side of the method that
-answers the exchange's mode (``strategies.methods.answering``): the same code as the
-engine's clients. The ClientApp calls it for every
+(``strategies.methods.executors.choose_executor``), and runs the client side of the method the
+exchange's settings name (``strategies.methods.client_side``): the same code as the engine's
+clients. The ClientApp calls it for every
 train message; ``train_round`` and ``gradient_round`` are the two common exchanges for tests
 and notebooks.
 """
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from strategies.core.settings import Mode, RoundSettings
-from strategies.methods import answering
+from strategies.methods import client_side
 from strategies.methods.algorithm import Exchange
 from strategies.methods.executors import ClientGroup, EngineOptions, choose_executor
 from strategies.methods.reduce import ClientResults, per_client
@@ -62,7 +62,7 @@ def client_round(cfg: RunConfig, partition_id: int | Sequence[int], exchange: Ex
     memories = [m if m is not None else {} for m in memories]
     for m in memories:
         m.update({k: v.to(device) for k, v in m.items()})
-    method = answering(exchange.mode)
+    method = client_side(exchange.settings)
 
     def draw(pid: int, state: dict | None, **kw: Any):
         return draw_batches(task, parts[pid], state, partition_id=pid, device=device, **kw)
@@ -109,10 +109,10 @@ def _executor(task: Any, n: int, device: torch.device, method: Any, probe: Any) 
 def train_round(cfg: RunConfig, partition_id: int, settings: RoundSettings, state: dict[str, torch.Tensor],
                 data: tuple[Any, np.ndarray] | None = None, client_state: dict[str, torch.Tensor] | None = None,
                 ) -> tuple[dict[str, torch.Tensor], dict[str, float | int]]:
-    """One round of local clipped SGD (``mode = "local"``) from ``state``: (the client's new
-    state on the CPU, its metrics as its reply reports them)."""
-    results = client_round(cfg, partition_id, Exchange(settings.replace(mode=Mode.LOCAL), [partition_id], state),
-                           data, client_state)
+    """One round of local clipped SGD (``mode = "local"``; the method ``settings`` name, default
+    CELGC) from ``state``: (the client's new state on the CPU, its metrics as its reply reports them)."""
+    settings = settings.replace(mode=Mode.LOCAL, algorithm=settings.algorithm or "celgc")
+    results = client_round(cfg, partition_id, Exchange(settings, [partition_id], state), data, client_state)
     return _cpu(per_client(results.arrays["arrays"])[0]), _metrics(results)
 
 
@@ -122,8 +122,8 @@ def gradient_round(cfg: RunConfig, partition_id: int, settings: RoundSettings, s
     """A naive parallel-clipping exchange (``mode = "gradient"``): the gradient at ``state`` on
     ONE minibatch (the one ``train_round`` would take first): (the gradients of the trainable
     parameters, the buffers after that forward pass, the metrics), all on the CPU."""
-    results = client_round(cfg, partition_id, Exchange(settings.replace(mode=Mode.GRADIENT), [partition_id], state),
-                           data, client_state)
+    settings = settings.replace(mode=Mode.GRADIENT, algorithm=settings.algorithm or "naive")
+    results = client_round(cfg, partition_id, Exchange(settings, [partition_id], state), data, client_state)
     return (_cpu(per_client(results.arrays["grads"])[0]), _cpu(per_client(results.arrays["buffers"])[0]),
             _metrics(results))
 

@@ -24,7 +24,7 @@ from strategies.methods import METHODS, method
 TASKS = ("digits", "cifar10", "ptb", "wikitext2", "shakespeare")
 #: ``package.module:factory`` -- a task of your own (``tasks.custom``, README "Bring your own task")
 TASK_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-#: the methods (``strategies.methods``: one module each)
+#: the methods (``strategies.methods``: one module each) when this module was imported
 ALGORITHMS = tuple(METHODS)
 PARTITIONERS = ("homogeneous", "similarity", "dirichlet")
 DEVICES = ("auto", "cpu", "cuda")
@@ -242,7 +242,7 @@ def _validate(c: RunConfig) -> None:
 
     _check(c.task in TASKS or TASK_PATH.fullmatch(c.task) is not None,
            f"task must be one of {', '.join(TASKS)} or an import path \"package.module:factory\", got {c.task!r}")
-    one_of("algorithm", c.algorithm, ALGORITHMS)
+    one_of("algorithm", c.algorithm, tuple(METHODS))  # the registry as it is now
     one_of("partitioner", c.partitioner, PARTITIONERS)
     one_of("device", c.device, DEVICES)
     one_of("client-state", c.client_state, CLIENT_STATES)

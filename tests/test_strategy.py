@@ -109,7 +109,7 @@ def test_round_config_sent_without_mutating_callers_record():
     assert len(msgs) == 2
     sent = dict(msgs[0].content["config"])
     assert sent == {"extra": 1, "local-steps": 2, "lr": 0.5, "clip": 1.0, "weight-decay": 1e-4, "momentum": 0.5,
-                    "batch-size": 4, "server-round": 3}
+                    "batch-size": 4, "server-round": 3, "algorithm": "celgc"}
 
 
 def test_schedule_decays_lr_and_clip_at_global_epoch_milestones():

@@ -154,6 +154,8 @@ class RoundSettings:
     mode: Mode = _key("mode", "what the client does in this exchange", default=Mode.LOCAL)
     global_grad_norm: float | None = _key("global-grad-norm", "EPISODE: the norm of G_r, the round's clip decision",
                                           default=None)
+    algorithm: str | None = _key("algorithm", "the method whose client side answers (its registry name): a client "
+                                 "runs exactly that method's code for the exchange of ``mode``", default=None)
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, Mode):
@@ -169,7 +171,7 @@ class RoundSettings:
 
     def to_config(self) -> dict[str, Any]:
         """The round-config entries (``mode`` only where it is not ``local``, the default a
-        client reads; ``global-grad-norm`` only where set)."""
+        client reads; ``global-grad-norm`` and ``algorithm`` only where set)."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -201,13 +203,17 @@ class RoundSettings:
         except ValueError:
             raise ConfigError(f"the round's config has mode={mode!r}; known modes: "
                               f"{', '.join(m.value for m in Mode)}") from None
+        algorithm = config.get("algorithm")
+        if algorithm is not None and not (isinstance(algorithm, str) and algorithm):
+            raise ConfigError(f"the round's config has algorithm={algorithm!r}: the name of a method")
         norm = config.get("global-grad-norm")
         if mode is Mode.EPISODE and not (_is_real(norm) and math.isfinite(norm) and norm >= 0):
             raise ConfigError(f"mode 'episode' needs global-grad-norm, a finite number >= 0, got {norm!r}")
         settings = cls(server_round=int(ints["server-round"]), local_steps=int(ints["local-steps"]),
                        batch_size=int(ints["batch-size"]), lr=float(reals["lr"]), clip=float(reals["clip"]),
                        weight_decay=float(reals["weight-decay"]), momentum=float(reals["momentum"]), mode=mode,
-                       global_grad_norm=float(norm) if norm is not None and mode is Mode.EPISODE else None)
+                       global_grad_norm=float(norm) if norm is not None and mode is Mode.EPISODE else None,
+                       algorithm=algorithm)
         settings.step  # noqa: B018 -- the step's own checks (lr > 0, clip > 0, ...)
         return settings
 

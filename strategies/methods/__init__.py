@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.settings import Hyper, Mode
+from ..core.settings import ConfigError, Hyper, RoundSettings
 from .algorithm import Algorithm
 from .celgc import CELGC
 from .episode import EPISODE
@@ -35,13 +35,23 @@ def method(name: str) -> type[Algorithm]:
         raise ValueError(f"algorithm must be one of {', '.join(METHODS)}, got {name!r}") from None
 
 
-def answering(mode: Mode | str) -> type[Algorithm]:
-    """The method whose client side answers an exchange of ``mode`` (the round config's mode)."""
-    mode = Mode(mode)
-    for cls in METHODS.values():
-        if mode in cls.modes:
-            return cls
-    raise ValueError(f"no method answers mode {mode.value!r}")
+def client_side(settings: RoundSettings) -> type[Algorithm]:
+    """The method whose client side answers an exchange of ``settings``: the one its
+    ``algorithm`` names, never another with the same ``mode`` (a mode is an exchange's kind, not a
+    method); an error when the settings name no method, one this node does not have, or one
+    without exchanges of that mode."""
+    if settings.algorithm is None:
+        raise ConfigError("the round's config names no method ('algorithm'): a client runs exactly the method the "
+                          "server runs, and the strategies of `strategies` name it in every round's config")
+    try:
+        cls = METHODS[settings.algorithm]
+    except KeyError:
+        raise ConfigError(f"the round's config names algorithm {settings.algorithm!r}, which this node does not have "
+                          f"(it has {', '.join(METHODS)})") from None
+    if settings.mode not in cls.modes:
+        raise ConfigError(f"algorithm {settings.algorithm!r} has no exchange of mode {settings.mode.value!r} (its "
+                          f"exchanges: {', '.join(m.value for m in cls.modes)})")
+    return cls
 
 
 def build(name: str, hyper: Hyper, **kw: Any) -> Algorithm:
@@ -49,4 +59,4 @@ def build(name: str, hyper: Hyper, **kw: Any) -> Algorithm:
     return method(name)(hyper, **kw)
 
 
-__all__ = ["METHODS", "Algorithm", "answering", "build", "method"]
+__all__ = ["METHODS", "Algorithm", "build", "client_side", "method"]

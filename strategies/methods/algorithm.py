@@ -131,11 +131,12 @@ class Algorithm(ABC):
                          self.train_size, h.lr_milestones, h.lr_decay)
 
     def round_settings(self, server_round: int, mode: Mode, lr: float, clip: float) -> RoundSettings:
-        """An exchange's settings (a gradient exchange takes one step)."""
+        """An exchange's settings (a gradient exchange takes one step); they name this method,
+        whose client side a client runs (``strategies.methods.client_side``)."""
         h = self.hyper
         steps = self.local_steps if mode not in (Mode.GRADIENT, Mode.RESAMPLE) else 1
         return RoundSettings(server_round=server_round, local_steps=steps, batch_size=h.batch_size, lr=lr, clip=clip,
-                             weight_decay=h.weight_decay, momentum=h.momentum, mode=mode)
+                             weight_decay=h.weight_decay, momentum=h.momentum, mode=mode, algorithm=self.name)
 
     # --- a round ------------------------------------------------------------------------
     def begin(self, server_round: int, state: Mapping[str, Tensor], clients: Sequence[int], **kw: Any) -> Round:
