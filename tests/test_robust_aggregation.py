@@ -98,7 +98,6 @@ def test_across_processes_the_rows_travel_in_the_one_all_reduce():
     ("naive", {"aggregation": "median", "local-steps": 1}),
     ("episode", {"aggregation": "median"}),
     ("local-sgd", {"aggregation": "trimmed-mean", "trim-fraction": 0.25, "clip": "off"}),
-    ("scaffold", {"aggregation": "median", "clip": "off"}),
 ])
 def test_flower_path_equals_engine_with_a_robust_aggregation(runs, algorithm, keys):
     keys = {"algorithm": algorithm, **keys}

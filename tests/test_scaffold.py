@@ -6,6 +6,7 @@ and its configuration errors."""
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -88,7 +89,7 @@ def test_engine_equals_flower_path(runs, mlp_digits):
 
 
 def test_default_model_with_batch_statistics_engine_equals_flower(runs):
-    case = {**CASE, "clients-per-round": 0, "num-clients": 3, "num-rounds": 2, "momentum": 0.5, "weight-decay": 1e-3}
+    case = {**CASE, "clients-per-round": 0, "num-clients": 3, "num-rounds": 2, "weight-decay": 1e-3}
     runs.same(runs.flower("flower", **case), runs.engine("engine", "auto", **case), exact=True)
 
 
@@ -100,6 +101,23 @@ def test_configuration_errors_name_the_fix():
     cfg = RunConfig.from_mapping({**CASE, "device": "cpu"})
     with pytest.raises(ValueError, match="algorithm 'scaffold' .* runs on one process only"):
         Engine(cfg, EngineOptions(), World(rank=0, size=2))
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"momentum": 0.9}, r"momentum must be 0 for algorithm 'scaffold', got 0.9: its control update"),
+    ({"aggregation": "median"}, r"aggregation 'median' is refused for algorithm 'scaffold'"),
+    ({"aggregation": "trimmed-mean"}, r"aggregation 'trimmed-mean' is refused for algorithm 'scaffold'"),
+    ({"task": "ptb"}, r"task 'ptb' is refused for algorithm 'scaffold': its batches scale each step's lr"),
+    ({"task": "wikitext2"}, r"task 'wikitext2' is refused for algorithm 'scaffold'"),
+])
+def test_combinations_the_paper_does_not_define_are_refused(keys, message):
+    """Momentum, lr-scaled batches, robust aggregation: refused, naming the key (the config, and the strategy
+    a user builds)."""
+    with pytest.raises(ValueError, match=message):
+        RunConfig.from_mapping({**CASE, **keys})
+    if "task" not in keys:
+        with pytest.raises(ValueError, match=message):
+            SCAFFOLD(lr=0.1, clip=math.inf, **{k.replace("-", "_"): v for k, v in keys.items()})
 
 
 @pytest.mark.realproc

@@ -19,7 +19,13 @@ Round r, server model x, server control c (zeros at first), sampled clients S of
    parameters) and c <- c + (|S| / N) mean_S dc_i.
 
 The steps are not clipped (``clip = "off"``): the baseline as the EPISODE paper runs it, so
-no displacement bound holds. A step whose corrected gradient is not finite is skipped and
+no displacement bound holds. Refused, each with an error naming the key, because the paper does
+not define them and option II would then no longer hold: ``momentum`` > 0 (the heavy-ball step
+is not eta (g - c_i + c), so (x - y_i) / (I eta) is no longer the mean corrected gradient),
+batches that scale their step (``lr_scale``: the word-level language tasks ``ptb`` and
+``wikitext2``, whose sequence-length jitter multiplies eta step by step) and a robust
+``aggregation`` (``median``, ``trimmed-mean``: a coordinate-wise statistic of the control deltas
+breaks c = mean c_i). A step whose corrected gradient is not finite is skipped and
 counted, as every step here. A resumed run starts c and every c_i at zero again (the clients'
 controls live with the clients, and a resumed Flower run is a new run).
 """
@@ -60,8 +66,24 @@ class SCAFFOLD(Algorithm):
 
     @classmethod
     def problems(cls, hyper: Hyper) -> list[str]:
-        return [] if not hyper.clipping else [f"clip must be \"off\" for algorithm 'scaffold' (SCAFFOLD takes "
-                                              f"unclipped steps), got {hyper.clip}"]
+        out = [] if not hyper.clipping else [f"clip must be \"off\" for algorithm 'scaffold' (SCAFFOLD takes "
+                                             f"unclipped steps), got {hyper.clip}"]
+        if hyper.momentum != 0:
+            out.append(f"momentum must be 0 for algorithm 'scaffold', got {hyper.momentum}: its control update "
+                       "c_i+ = c_i - c + (x - y_i)/(I lr) (option II) is the mean corrected gradient only for plain SGD "
+                       "steps, and the paper defines no momentum variant")
+        if hyper.aggregation in ("median", "trimmed-mean"):
+            out.append(f"aggregation {hyper.aggregation!r} is refused for algorithm 'scaffold' (use 'uniform' or "
+                       "'examples'): a coordinate-wise robust statistic of the control deltas is undefined by the paper "
+                       "and breaks c = mean of the clients' c_i")
+        return out
+
+    @classmethod
+    def config_problems(cls, cfg: Any) -> list[str]:
+        if cfg.task in LR_SCALED_TASKS:
+            return [f"task {cfg.task!r} is refused for algorithm 'scaffold': its batches scale each step's lr by "
+                    "seq_len/bptt (lr_scale), which the control update (x - y_i)/(I lr) does not include"]
+        return []
 
     def server(self, rnd: Round) -> Server:
         c = self.control or {k: torch.zeros_like(rnd.state[k]) for k in (rnd.trainable or [])}
@@ -101,3 +123,5 @@ class SCAFFOLD(Algorithm):
 
 
 RULE = Rule(_step)
+#: the project's tasks whose batches carry an ``lr_scale`` (tasks.language: sequence-length jitter)
+LR_SCALED_TASKS = ("ptb", "wikitext2")
