@@ -1,7 +1,12 @@
 """Test-wide settings and the fixtures the tests share.
 
 One torch thread for the suite (CI has 2 cores shared by several processes; more threads make
-the small models here slower, not faster), inherited by subprocesses too. The shared pieces,
+the small models here slower, not faster), inherited by subprocesses too; ``CELGC_TEST_THREADS=n``
+runs the suite with n instead (1, 2 and 4 are checked). Every test that compares a result made
+in another process with one made here bit for bit (torchrun, `flwr run`, the runner's pool, a
+CLI) runs its part here with one thread, as the other processes do (``OMP_NUM_THREADS=1``),
+whatever n is: a CPU kernel may split a reduction by thread, so the thread count is part of what
+a bit-identical result needs (marked ``realproc``: ``same_threads_as_subprocesses``). The shared pieces,
 each defined once here: a small corpus to learn (``corpus``) and the tiny language model on it
 (``tiny_lm``), a BatchNorm-free MLP for digits (``mlp``, ``mlp_digits``), the digits CNN with
 average pooling (``smooth_digits``), and the Flower path and the engine run side by side on
@@ -20,8 +25,26 @@ import pytest
 import torch
 from torch import nn
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-torch.set_num_threads(1)
+THREADS = os.environ.get("CELGC_TEST_THREADS", "1")
+if not THREADS.isdigit() or int(THREADS) < 1:
+    raise ValueError(f"CELGC_TEST_THREADS must be an integer >= 1, got {THREADS!r}")
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # subprocesses: one thread (tests compare them with this process)
+torch.set_num_threads(int(THREADS))
+
+
+@pytest.fixture(autouse=True)
+def same_threads_as_subprocesses(request):
+    """A real-process test compares its subprocesses' results (one thread each) with this process's:
+    this process runs its part with one thread too, whatever CELGC_TEST_THREADS is."""
+    if request.node.get_closest_marker("realproc") is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 ROOT = Path(__file__).resolve().parents[1]
 #: AWD-LSTM sizes of the tiny language model

@@ -111,7 +111,16 @@ def run(cmd, timeout=300):
 
 @pytest.mark.realproc
 def test_torchrun_with_two_gloo_processes_equals_the_in_process_apps(tmp_path):
-    """3 clients on 2 processes (2 + 1) through the engine CLI under torchrun == the ServerApp + ClientApps."""
+    """3 clients on 2 processes (2 + 1) through the engine CLI under torchrun == the ServerApp + ClientApps.
+
+    Bit for bit, and why: every process, this one included, runs one torch thread (``OMP_NUM_THREADS=1``
+    there, conftest's realproc fixture here), so a client's steps are the same kernels with the same
+    reduction splits on both sides; clients are trained and summed in partition-id order on both;
+    gloo's all-reduce of two float64 partial sums is a + b, the same on either rank and in either
+    arrival order. What differs is only the float64 grouping of the average ((c0 + c1) + c2 across
+    the processes, one 3-row product here); the cast back to float32 hides it unless a float64 sum
+    lies within an ulp of a float32 rounding boundary (about 2**-29 a value), which this data does
+    not hit -- deterministic, not timing-dependent: the data, not the load, decides."""
     values = {**BASE, **SPLITS["dirichlet"], "num-clients": 3, "results-dir": str(tmp_path)}
     overrides = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in values.items())
     run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
