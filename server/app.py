@@ -62,6 +62,7 @@ def build_strategy(cfg: RunConfig, train_size: int, **reply_checks: Any) -> Clip
         local_steps=h.local_steps, lr=h.lr, clip=h.clip, batch_size=h.batch_size, weight_decay=h.weight_decay,
         momentum=h.momentum, lr_decay=h.lr_decay, lr_milestones=h.lr_milestones, aggregation=h.aggregation,
         trim_fraction=h.trim_fraction,
+        **{method(cfg.algorithm).own_keys()[k].name: v for k, v in cfg.method_options.items()},  # its own settings
         train_size=train_size, population=cfg.num_clients or None, exchange_timeout=cfg.round_timeout,
         num_clients=cfg.per_round or None, fraction_train=1.0, fraction_evaluate=0.0,  # 0: not yet resolved
         # every online node trains; a round needs min-replies of them (fault tolerance)

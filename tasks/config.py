@@ -19,7 +19,7 @@ from typing import Any
 import tomllib
 
 from strategies.core.settings import DEFAULTS, Hyper
-from strategies.methods import METHODS, method
+from strategies.methods import METHODS, method, own_keys
 
 TASKS = ("digits", "cifar10", "ptb", "wikitext2", "shakespeare")
 #: ``package.module:factory`` -- a task of your own (``tasks.custom``, README "Bring your own task")
@@ -53,7 +53,7 @@ class RunConfig:
     """Every setting of a run. Build with ``RunConfig.from_mapping`` (validates)."""
 
     task: str = _key("task", "data set + model: digits (offline default), cifar10, ptb, wikitext2, shakespeare, or your own \"package.module:factory\"", default="digits")
-    algorithm: str = _key("algorithm", "celgc, local-sgd (celgc with clip off), naive (parallel clipping, 1 step a round), episode (resampled corrections, one clip decision a round), single (one machine) or scaffold (control variates)", default="celgc")
+    algorithm: str = _key("algorithm", f"the method: {', '.join(METHODS)} (docs/ALGORITHMS.md: what each does, its own keys)", default="celgc")
     num_clients: int = _key("num-clients", "N, the clients; fewer SuperNodes than N serve several each (Flower's 2: 4 each); 0: one per SuperNode (8 on the engine)", default=8)
     clients_per_round: int = _key("clients-per-round", "K, clients sampled (uniformly, from seed and round) to train in each round; 0: all num-clients (the paper)", default=0)
     num_rounds: int = _key("num-rounds", "communication rounds", default=20)
@@ -89,22 +89,28 @@ class RunConfig:
     nonmono: int = _key("nonmono", "evaluations without a new best valid-loss before average-iterates starts", default=5)
     eval_train: bool = _key("eval-train", "also evaluate the global model on the whole training set at each evaluation (train-eval-*)", default=False)
     valid_fraction: float = _key("valid-fraction", "share of each client's training data held out (seeded) as the validation set: valid-loss, valid-accuracy; 0: none", default=0.0)
+    #: the methods' own settings (``Algorithm.Settings``): (TOML key, value) for every registered method's keys
+    options: tuple[tuple[str, Any], ...] = field(default=(), metadata={"key": None, "doc": ""})
     eval_subsample: int = _key("eval-subsample", "evaluate on every k-th test example (1: all; cuts evaluation time on a CPU)", default=1)
 
     def __post_init__(self) -> None:
+        _complete(self)
         _validate(self)
 
     # --- construction ---------------------------------------------------------------
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> RunConfig:
         """Parse run-config keys (hyphenated, as in TOML); unknown keys are errors."""
-        fields = {f.metadata["key"]: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - set(fields))
+        fields = {f.metadata["key"]: f for f in dataclasses.fields(cls) if f.metadata["key"] is not None}
+        own = own_keys()
+        unknown = sorted(set(values) - set(fields) - set(own))
         if unknown:
-            close = {k: m[0] for k in unknown if (m := difflib.get_close_matches(k, list(fields), n=1, cutoff=0.7))}
+            known = [*fields, *own]
+            close = {k: m[0] for k in unknown if (m := difflib.get_close_matches(k, known, n=1, cutoff=0.7))}
             hint = "".join(f" (did you mean {m!r} for {k!r}?)" for k, m in close.items())
-            raise ValueError(f"unknown config key(s) {unknown}{hint}; known keys: {', '.join(fields)}")
-        kwargs = {fields[k].name: _coerce(k, fields[k].type, v) for k, v in values.items()}
+            raise ValueError(f"unknown config key(s) {unknown}{hint}; known keys: {', '.join(known)}")
+        kwargs: dict[str, Any] = {fields[k].name: _coerce(k, fields[k].type, v) for k, v in values.items() if k in fields}
+        kwargs["options"] = tuple((k, v) for k, v in values.items() if k in own)
         return cls(**kwargs)
 
     @classmethod
@@ -118,6 +124,9 @@ class RunConfig:
         """The config as run-config keys and TOML-friendly values (logged with results)."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
+            if f.metadata["key"] is None:
+                out.update(self.options)
+                continue
             value = getattr(self, f.name)
             if f.name == "lr_milestones":
                 value = ",".join(f"{m:g}" for m in value)
@@ -165,6 +174,12 @@ class RunConfig:
         return not math.isinf(self.clip)
 
     @property
+    def method_options(self) -> dict[str, Any]:
+        """The chosen method's own settings (TOML key -> value)."""
+        mine = method(self.algorithm).own_keys()
+        return {k: v for k, v in self.options if k in mine}
+
+    @property
     def hyper(self) -> Hyper:
         """The training hyper-parameters (``strategies.core.settings.Hyper``)."""
         return Hyper(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Hyper)})
@@ -176,9 +191,41 @@ def task_label(task: str) -> str:
 
 
 def config_keys() -> list[tuple[str, Any, str]]:
-    """(key, default, meaning) of every setting, in order."""
+    """(key, default, meaning) of every setting, in order (the methods' own keys where ``options`` sits)."""
     defaults = RunConfig().to_mapping()
-    return [(f.metadata["key"], defaults[f.metadata["key"]], f.metadata["doc"]) for f in dataclasses.fields(RunConfig)]
+    own = own_keys()
+    out = []
+    for f in dataclasses.fields(RunConfig):
+        if f.metadata["key"] is None:
+            out += [(k, defaults[k], f"algorithm {name!r}: {fld.metadata['doc']}") for k, (name, fld) in own.items()]
+        else:
+            out.append((f.metadata["key"], defaults[f.metadata["key"]], f.metadata["doc"]))
+    return out
+
+
+def _complete(c: RunConfig) -> None:
+    """The chosen method's defaults for shared keys left at the shared default (SCAFFOLD: clip
+    off), and every method's own settings completed with their defaults and checked; a setting
+    of another method than the chosen one must keep its default."""
+    if c.algorithm not in METHODS:
+        return  # refused by _validate, naming the known methods
+    chosen = METHODS[c.algorithm]
+    hyper = chosen.with_shared_defaults(c.hyper)
+    for f in dataclasses.fields(Hyper):
+        if getattr(c, f.name) != getattr(hyper, f.name):
+            object.__setattr__(c, f.name, getattr(hyper, f.name))
+    given = dict(c.options)
+    values: list[tuple[str, Any]] = []
+    for name, cls in METHODS.items():
+        keys = cls.own_keys()
+        parsed = cls.parse_options({k: v for k, v in given.items() if k in keys})
+        for key, fld in keys.items():
+            value = getattr(parsed, fld.name)
+            if name != c.algorithm and value != fld.default:
+                raise ValueError(f"{key} is a setting of algorithm {name!r}, not of {c.algorithm!r} (set algorithm = "
+                                 f"\"{name}\" or leave {key} at {fld.default!r})")
+            values.append((key, value))
+    object.__setattr__(c, "options", tuple(values))
 
 
 def _coerce(key: str, typ: Any, value: Any) -> Any:

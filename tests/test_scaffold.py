@@ -95,7 +95,7 @@ def test_default_model_with_batch_statistics_engine_equals_flower(runs):
 
 def test_configuration_errors_name_the_fix():
     with pytest.raises(ValueError, match="clip must be \"off\" for algorithm 'scaffold'"):
-        RunConfig.from_mapping({"algorithm": "scaffold"})
+        RunConfig.from_mapping({"algorithm": "scaffold", "clip": 1.0})
     with pytest.raises(ValueError, match="clip must be \"off\" for algorithm 'scaffold'"):
         SCAFFOLD(lr=0.1, clip=1.0)
     cfg = RunConfig.from_mapping({**CASE, "device": "cpu"})

@@ -102,7 +102,7 @@ class Engine:
             raise ValueError(f"{len(self.parts)} partitions for num-clients={cfg.num_clients}")
         check_partitions(cfg, self.parts)  # before any work, as the ServerApp does
         self.algorithm: Algorithm = build(cfg.algorithm, cfg.hyper, train_size=self.task.train_size,
-                                          population=cfg.num_clients, per_round=cfg.per_round)
+                                          population=cfg.num_clients, per_round=cfg.per_round, options=cfg.method_options)
         # this process's slots among the round's K participants (K = num-clients: slot = partition id)
         self.clients = shard(cfg.per_round, world.size, world.rank)
         self.round_clients = self._participants(1)

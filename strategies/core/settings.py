@@ -156,6 +156,9 @@ class RoundSettings:
                                           default=None)
     algorithm: str | None = _key("algorithm", "the method whose client side answers (its registry name): a client "
                                  "runs exactly that method's code for the exchange of ``mode``", default=None)
+    #: the round config's other entries: the method's own settings (``Algorithm.Settings``, written by the
+    #: server, read by its client side) and any a caller adds; not a key of its own
+    extra: dict[str, Any] = field(default_factory=dict, hash=False, metadata={"key": None, "doc": "other entries"})
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, Mode):
@@ -173,12 +176,12 @@ class RoundSettings:
         """The round-config entries (``mode`` only where it is not ``local``, the default a
         client reads; ``global-grad-norm`` and ``algorithm`` only where set)."""
         out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
+        for f in _FIELDS:
             value = getattr(self, f.name)
             if value is None or value is Mode.LOCAL:
                 continue
             out[f.metadata["key"]] = value.value if isinstance(value, Mode) else value
-        return out
+        return {**out, **self.extra}
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> RoundSettings:
@@ -213,19 +216,22 @@ class RoundSettings:
                        batch_size=int(ints["batch-size"]), lr=float(reals["lr"]), clip=float(reals["clip"]),
                        weight_decay=float(reals["weight-decay"]), momentum=float(reals["momentum"]), mode=mode,
                        global_grad_norm=float(norm) if norm is not None and mode is Mode.EPISODE else None,
-                       algorithm=algorithm)
+                       algorithm=algorithm, extra={k: v for k, v in config.items() if k not in _KEYS})
         settings.step  # noqa: B018 -- the step's own checks (lr > 0, clip > 0, ...)
         return settings
 
 
+#: the fields of RoundSettings that are round-config keys, and those keys
+_FIELDS = tuple(f for f in dataclasses.fields(RoundSettings) if f.metadata["key"] is not None)
+_KEYS = frozenset(f.metadata["key"] for f in _FIELDS)
+
 #: the round-config keys every clipped-SGD client needs
-REQUIRED_KEYS: tuple[str, ...] = tuple(f.metadata["key"] for f in dataclasses.fields(RoundSettings)
-                                       if f.default is dataclasses.MISSING)
+REQUIRED_KEYS: tuple[str, ...] = tuple(f.metadata["key"] for f in _FIELDS if f.default is dataclasses.MISSING)
 
 #: round-config key -> the strategy argument that sets it (a caller's train_config may not set these);
 #: ``server-round`` is FedAvg's own and always overwritten
 OWNED_KEYS: dict[str, str] = {
     f.metadata["key"]: (f.name if f.name in {g.name for g in dataclasses.fields(Hyper)} else "(the strategy's class)")
-    for f in dataclasses.fields(RoundSettings) if f.name != "server_round"
+    for f in _FIELDS if f.name != "server_round"
 }
 

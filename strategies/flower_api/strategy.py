@@ -185,6 +185,8 @@ class ClippedSGDStrategy(FedAvg):
                 raise ValueError(f"num_clients must be an integer >= 1, got {num_clients!r}")
             fedavg_kwargs.setdefault("min_train_nodes", num_clients)
             fedavg_kwargs.setdefault("min_available_nodes", num_clients)
+        own = {f.name: f.metadata["key"] for f in self.algorithm_class.own_keys().values()}
+        options = {own[k]: fedavg_kwargs.pop(k) for k in list(fedavg_kwargs) if k in own}  # the method's own arguments
         super().__init__(**fedavg_kwargs)
         checks: list[tuple[bool, str]] = [
             (max_lr_scale >= 1, f"max_lr_scale must be >= 1 (math.inf: no bound), got {max_lr_scale!r}"),
@@ -203,7 +205,7 @@ class ClippedSGDStrategy(FedAvg):
                       trim_fraction=trim_fraction)
         self.num_clients = num_clients
         self.algorithm = self.algorithm_class(hyper, train_size=train_size, population=population,
-                                              per_round=self.clients_per_round())
+                                              per_round=self.clients_per_round(), options=options)
         self.verify_examples = verify_examples
         self.bound_keys = list(bound_keys) if bound_keys is not None else None
         self.max_lr_scale = float(max_lr_scale)

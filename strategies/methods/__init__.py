@@ -3,14 +3,18 @@
 ``algorithm`` -- the method base (``Algorithm``: server side, client side, the bound on an
 honest reply); ``round`` -- a round's exchanges and report; ``reduce`` -- the clients' results
 summed then finalised; ``replies`` -- typed, ranged reply fields; ``executors`` -- how a backend
-runs its clients. A new method is a module here with a subclass of ``Algorithm`` plus its line
-in ``METHODS``; every backend -- the Flower strategies (``strategies.flower_api.strategy``), the
+runs its clients. A new method is a module here with a subclass of ``Algorithm`` (found by
+``METHODS``, nothing else to edit; its own keys in a ``Settings`` dataclass of ``own_key``
+fields); every backend -- the Flower strategies (``strategies.flower_api.strategy``), the
 ClientApp, the engine and torchrun -- then runs it, and ``algorithm = "<name>"`` selects it in a
 run config.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import pkgutil
 from typing import Any
 
 from ..core.settings import ConfigError, Hyper, RoundSettings
@@ -22,9 +26,34 @@ from .naive import NaiveParallelClip
 from .scaffold import SCAFFOLD
 from .single import SingleMachine
 
-#: ``algorithm`` config value -> the method
-METHODS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (CELGC, LocalSGD, NaiveParallelClip, EPISODE,
-                                                                   SingleMachine, SCAFFOLD)}
+#: the modules of this package that are the layer's machinery, not methods
+_MACHINERY = {"algorithm", "round", "reduce", "replies"}
+
+
+def _methods_in_package() -> list[type[Algorithm]]:
+    """Every concrete method defined in a module of this package (a new method is one file here)."""
+    found = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.ispkg or info.name in _MACHINERY:
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        found += [obj for obj in vars(module).values()
+                  if isinstance(obj, type) and issubclass(obj, Algorithm) and obj.__module__ == module.__name__
+                  and "name" in vars(obj) and not inspect.isabstract(obj)]
+    return found
+
+
+def _registry() -> dict[str, type[Algorithm]]:
+    out: dict[str, type[Algorithm]] = {}
+    for cls in (CELGC, LocalSGD, NaiveParallelClip, EPISODE, SingleMachine, SCAFFOLD, *_methods_in_package()):
+        if out.get(cls.name, cls) is not cls:
+            raise ValueError(f"two methods are named {cls.name!r}: {out[cls.name].__qualname__} and {cls.__qualname__}")
+        out[cls.name] = cls
+    return out
+
+
+#: ``algorithm`` config value -> the method: the paper's methods first, then every other module's
+METHODS: dict[str, type[Algorithm]] = _registry()
 
 
 def method(name: str) -> type[Algorithm]:
@@ -54,9 +83,20 @@ def client_side(settings: RoundSettings) -> type[Algorithm]:
     return cls
 
 
+def own_keys() -> dict[str, tuple[str, Any]]:
+    """Every registered method's own settings: TOML key -> (the method's name, its field)."""
+    out: dict[str, tuple[str, Any]] = {}
+    for name, cls in METHODS.items():
+        for key, f in cls.own_keys().items():
+            if key in out:
+                raise ValueError(f"key {key!r} is declared by algorithm {out[key][0]!r} and {name!r}: one owner a key")
+            out[key] = (name, f)
+    return out
+
+
 def build(name: str, hyper: Hyper, **kw: Any) -> Algorithm:
     """The method ``name`` for a run's ``hyper``-parameters (``kw``: train_size, population)."""
     return method(name)(hyper, **kw)
 
 
-__all__ = ["METHODS", "Algorithm", "build", "client_side", "method"]
+__all__ = ["METHODS", "Algorithm", "build", "client_side", "method", "own_keys"]

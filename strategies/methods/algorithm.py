@@ -22,20 +22,55 @@ executors (one flat all-reduce per exchange across processes). No backend names 
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import math
+import numbers
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from torch import Tensor
 
 from ..core.bound import check_displacement, norm
 from ..core.schedule import global_epoch, scheduled
-from ..core.settings import Hyper, Mode, RoundSettings
+from ..core.settings import ConfigError, Hyper, Mode, RoundSettings
 from .reduce import ClientResults
 from .round import Exchange, Rejection, Round, RoundReport, Server
 
-__all__ = ["Algorithm", "Exchange", "Rejection", "Round", "RoundReport", "Server"]
+__all__ = ["Algorithm", "Exchange", "Rejection", "Round", "RoundReport", "Server", "own_key"]
+
+
+def own_key(key: str, doc: str, default: Any, check: Callable[[Any], bool] | None = None, rule: str = "") -> Any:
+    """A field of a method's own settings (``Algorithm.Settings``, a frozen dataclass): its TOML
+    key, one-line meaning, default and check (``rule``: what the check wants, for the error)."""
+    return dataclasses.field(default=default, metadata={"key": key, "doc": doc, "check": check, "rule": rule})
+
+
+def _coerce(key: str, typ: str, value: Any) -> Any:
+    """A setting's value as its declared type (``float``, ``int``, ``bool`` or ``str``); an error names the key."""
+    if typ == "bool":
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        if not isinstance(value, bool):
+            raise ValueError(f"{key} must be true or false, got {value!r}")
+        return value
+    if typ in ("int", "float"):
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{key} must be a number, got {value!r}")
+        if typ == "int":
+            if not float(value).is_integer():
+                raise ValueError(f"{key} must be an integer, got {value!r}")
+            return int(value)
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be a string, got {value!r}")
+    return value
 
 
 class Algorithm(ABC):
@@ -60,17 +95,25 @@ class Algorithm(ABC):
     needs_global: ClassVar[bool] = True
     #: its own groups of arrays in replies -> what they hold ("state", "trainable" or "buffers")
     groups: ClassVar[dict[str, str]] = {}
+    #: its own settings: a frozen dataclass of ``own_key`` fields (TOML key, type, default, check, doc);
+    #: the run config's keys, the Flower strategy's arguments and the round's config carry them
+    Settings: ClassVar[type | None] = None
+    #: its defaults for shared keys (TOML key -> value), taken where a run leaves the key at the shared default
+    shared_defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, hyper: Hyper, *, train_size: int | None = None, population: int | None = None,
-                 per_round: int | None = None) -> None:
+                 per_round: int | None = None, options: Mapping[str, Any] | None = None) -> None:
         if train_size is not None and not (isinstance(train_size, int) and train_size >= 1):
             raise ValueError(f"train-size must be an integer >= 1, got {train_size!r}")
         if hyper.lr_milestones and train_size is None:
             raise ValueError("lr-milestones are global epochs: the training-set size (train_size) is needed too")
         if population is not None and not (isinstance(population, int) and population >= 1):
             raise ValueError(f"population (num-clients) must be an integer >= 1, got {population!r}")
+        hyper = self.with_shared_defaults(hyper)
         for problem in self.problems(hyper):
             raise ValueError(problem)
+        #: the method's own settings (an instance of ``Settings``), from ``options`` (TOML keys)
+        self.options = self.parse_options(options or {})
         self.hyper = hyper
         self.train_size = train_size
         self.population = population
@@ -79,6 +122,58 @@ class Algorithm(ABC):
         self._clients: dict[int, int] = {}  # round -> clients that took part (counts epochs)
 
     # --- configuration --------------------------------------------------------------------
+    @classmethod
+    def own_keys(cls) -> dict[str, dataclasses.Field]:
+        """TOML key -> field of the method's own settings (none without ``Settings``)."""
+        return {f.metadata["key"]: f for f in dataclasses.fields(cls.Settings)} if cls.Settings is not None else {}
+
+    @classmethod
+    def with_shared_defaults(cls, hyper: Hyper) -> Hyper:
+        """``hyper`` with the method's defaults for shared keys where it holds the shared default."""
+        names, defaults = Hyper.keys(), Hyper()
+        changes = {names[k]: v for k, v in cls.shared_defaults.items()
+                   if k in names and getattr(hyper, names[k]) == getattr(defaults, names[k])}
+        return hyper.replace(**changes) if changes else hyper
+
+    @classmethod
+    def parse_options(cls, values: Mapping[str, Any], *, complete: bool = False) -> Any:
+        """The method's own settings from TOML keys (missing ones: their defaults; ``complete``:
+        an error instead); an unknown key is an error naming the closest own key."""
+        fields = cls.own_keys()
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            close = {k: m[0] for k in unknown if (m := difflib.get_close_matches(k, list(fields), n=1, cutoff=0.7))}
+            hint = "".join(f" (did you mean {m!r} for {k!r}?)" for k, m in close.items())
+            raise ValueError(f"algorithm {cls.name!r} has no setting(s) {unknown}{hint}; its own keys: "
+                             f"{', '.join(fields) or 'none'}")
+        if cls.Settings is None:
+            return None
+        missing = [k for k in fields if k not in values]
+        if complete and missing:
+            raise ConfigError(f"the round's config lacks {', '.join(map(repr, missing))}, setting(s) of algorithm "
+                              f"{cls.name!r} its server sends every round")
+        kwargs = {}
+        for key, f in fields.items():
+            value = _coerce(key, str(f.type), values[key]) if key in values else f.default
+            check = f.metadata["check"]
+            if check is not None and not check(value):
+                raise ValueError(f"{key} must be {f.metadata['rule'] or 'valid'}, got {value!r}")
+            kwargs[f.name] = value
+        return cls.Settings(**kwargs)
+
+    def options_config(self) -> dict[str, Any]:
+        """The own settings as round-config entries (TOML key -> value)."""
+        if self.options is None:
+            return {}
+        return {f.metadata["key"]: getattr(self.options, f.name) for f in dataclasses.fields(self.options)}
+
+    @classmethod
+    def options_of(cls, settings: RoundSettings) -> Any:
+        """The own settings an exchange's config carries (what the client side reads); an error
+        names a missing or bad key."""
+        keys = cls.own_keys()
+        return cls.parse_options({k: v for k, v in settings.extra.items() if k in keys}, complete=True)
+
     @classmethod
     def problems(cls, hyper: Hyper) -> list[str]:
         """This method's constraints on the hyper-parameters, as messages naming the key."""
@@ -136,7 +231,8 @@ class Algorithm(ABC):
         h = self.hyper
         steps = self.local_steps if mode not in (Mode.GRADIENT, Mode.RESAMPLE) else 1
         return RoundSettings(server_round=server_round, local_steps=steps, batch_size=h.batch_size, lr=lr, clip=clip,
-                             weight_decay=h.weight_decay, momentum=h.momentum, mode=mode, algorithm=self.name)
+                             weight_decay=h.weight_decay, momentum=h.momentum, mode=mode, algorithm=self.name,
+                             extra=self.options_config())
 
     # --- a round ------------------------------------------------------------------------
     def begin(self, server_round: int, state: Mapping[str, Tensor], clients: Sequence[int], **kw: Any) -> Round:

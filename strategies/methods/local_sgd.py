@@ -7,6 +7,8 @@ averages the parameters. No displacement bound holds (the steps are not clipped)
 
 from __future__ import annotations
 
+import math
+
 from ..core.settings import Hyper
 from .celgc import CELGC
 
@@ -16,6 +18,7 @@ class LocalSGD(CELGC):
 
     name = "local-sgd"
     paper = "FedAvg with I local steps (McMahan et al., AISTATS 2017), the unclipped baseline of arXiv 2205.05040"
+    shared_defaults = {"clip": math.inf}  # unclipped steps: clip off unless the run sets it
 
     @classmethod
     def problems(cls, hyper: Hyper) -> list[str]:

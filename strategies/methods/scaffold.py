@@ -32,6 +32,7 @@ controls live with the clients, and a resumed Flower run is a new run).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -56,6 +57,7 @@ class SCAFFOLD(Algorithm):
 
     name = "scaffold"
     paper = "Karimireddy et al., ICML 2020, https://arxiv.org/abs/1910.06378"
+    shared_defaults = {"clip": math.inf}  # unclipped steps: clip off unless the run sets it
     modes = (Mode.SCAFFOLD,)
     keeps_client_memory = True
     groups = {"control": "trainable"}  # dc_i, shaped as the trainable parameters
