@@ -56,7 +56,8 @@ def test_every_key_is_documented():
     ({"dirichlet-alpha": 0}, r"dirichlet-alpha must be > 0, got 0"),
     ({"task": "imagenet"}, r"task must be one of digits, cifar10, ptb, wikitext2, shakespeare or an import path "
                            r"\"package.module:factory\", got 'imagenet'"),
-    ({"algorithm": "fedprox"}, r"algorithm must be one of celgc, local-sgd, naive, episode, single, scaffold, got 'fedprox'"),
+    ({"algorithm": "fedsomething"}, r"algorithm must be one of celgc, local-sgd, naive, episode, single, scaffold, .*"
+                                    r"got 'fedsomething'"),
     ({"aggregation": "mode"}, r"aggregation must be one of uniform, examples, median, trimmed-mean, got 'mode'"),
     ({"trim-fraction": 0.5}, r"trim-fraction must be in \[0, 0.5\), got 0.5"),
     ({"lr-milestones": "120,80"}, r"lr-milestones must be increasing"),
