@@ -24,6 +24,7 @@ from strategies.core.buffers import buffer_rules
 from strategies.core.client_sampling import node_clients
 from strategies.flower_api.strategy import ClippedSGDStrategy, flower_strategy
 from strategies.methods import method
+from strategies.methods.privacy import Privacy
 from tasks import cached_task, check_partitions, initial_model
 from tasks.config import RunConfig
 from tasks.device import pick_device
@@ -223,7 +224,11 @@ def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path) -> None:
     check_partitions(cfg)
     model = initial_model(task, cfg.seed).to(device)
     arrays = ArrayRecord(model.state_dict())
-    strategy = build_strategy(cfg, task.train_size, **reply_checks(task, model))
+    checks = reply_checks(task, model)
+    strategy = build_strategy(cfg, task.train_size, **checks)
+    privacy = dp_mechanism(cfg, model, checks)
+    strategy.algorithm.privacy = privacy  # every round's release goes through it (strategies.round)
+    last = privacy.last_round(cfg.num_rounds) if privacy is not None else cfg.num_rounds
     ckpt = resume(cfg, folder, strategy, model)
     done = ckpt.round if ckpt else 0
     if ckpt:
@@ -233,11 +238,15 @@ def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path) -> None:
     watched.expect(nodes, cfg.num_clients, spread)
     # the round's clients (all, or the K sampled: the same on every backend) and the node serving each;
     # hosts with their own data and no partition-id are one client each, known by their node
-    strategy.assign = client_assignment(cfg, watched) if _all_named(cfg, watched, nodes, spread) else None
+    strategy.assign = client_assignment(cfg, watched, privacy) if _all_named(cfg, watched, nodes, spread) else None
     strategy.min_train_nodes = strategy.min_available_nodes = fewest_nodes(watched, nodes, cfg.required_replies)
-    recorder = RunRecorder(cfg, Evaluator(cfg, task, model, device), folder,
-                           {"train-size": task.train_size, "model-bytes": state_nbytes(model.state_dict())},
-                           resumed=ckpt)
+    header = {"train-size": task.train_size, "model-bytes": state_nbytes(model.state_dict())}
+    if privacy is not None:
+        header["privacy"] = privacy.header()
+        for line in privacy.summary():
+            log(INFO, "DP: %s", line)
+    recorder = RunRecorder(cfg, Evaluator(cfg, task, model, device), folder, header, resumed=ckpt, last_round=last,
+                           stop_reason=privacy.stop_reason(cfg.num_rounds) if privacy is not None else None)
     last_mode = strategy.algorithm.modes[-1]
 
     def evaluate_fn(server_round: int, round_arrays: ArrayRecord) -> MetricRecord | None:
@@ -251,20 +260,33 @@ def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path) -> None:
             failures = [WatchedGrid.describe({k: v}) for k, v in grid_failures.items()] + named
             failed = sorted(grid_failures, key=lambda k: (isinstance(k, str), k if isinstance(k, int) else 0, str(k)))
             rejected = watched.take_rejected()
-        recorder.record(server_round, strategy.epoch_at(server_round), state, report, failures=failures,
-                        failed_nodes=failed, rejected=rejected, server_state=strategy.state_dict())
+        row = recorder.record(server_round, strategy.epoch_at(server_round), state, report, failures=failures,
+                              failed_nodes=failed, rejected=rejected, server_state=strategy.state_dict())
+        if "dp-epsilon" in row:
+            log(INFO, "Round %d: DP epsilon = %.4g at delta = %.3g%s", server_round, row["dp-epsilon"], row["dp-delta"],
+                "" if row.get("dp-private") else " (dp-reproducible: NOT private)")
         return MetricRecord(recorder.last_evaluation) if recorder.last_evaluation else None
 
     final = arrays
-    if done < cfg.num_rounds:
+    if done < last:
         runner = ResumedStrategy(strategy, done) if done else strategy
         result = runner.start(
-            grid=watched, initial_arrays=arrays, num_rounds=cfg.num_rounds - done, timeout=cfg.round_timeout,
+            grid=watched, initial_arrays=arrays, num_rounds=last - done, timeout=cfg.round_timeout,
             train_config=ConfigRecord(), evaluate_fn=runner.shift_evaluate(evaluate_fn) if done else evaluate_fn,
         )
         final = result.arrays
+    if recorder.stop_reason:
+        log(WARNING, "DP budget: %s", recorder.stop_reason)
     path = recorder.finish(final.to_torch_state_dict())
     log(INFO, "Final weights: %s | results: %s", path, recorder.path)
+
+
+def dp_mechanism(cfg: RunConfig, model: torch.nn.Module, checks: dict[str, Any]) -> Privacy | None:
+    """The run's DP mechanism (dp-noise-multiplier > 0; ``strategies.methods.privacy``), as the engine builds it."""
+    if not cfg.dp.enabled:
+        return None
+    return Privacy(cfg.dp, population=cfg.num_clients, per_round=cfg.per_round, seed=cfg.seed, state=model.state_dict(),
+                   trainable=checks["bound_keys"], max_lr_scale=checks["max_lr_scale"])
 
 
 def _all_named(cfg: RunConfig, grid: WatchedGrid, nodes: list[int], spread: int) -> bool:

@@ -17,13 +17,16 @@ from logging import WARNING
 from flwr.supercore import log
 
 from strategies.core.client_sampling import participants
+from strategies.methods.privacy import Privacy
 from tasks.config import RunConfig
 
 from .faults import WatchedGrid
 
 
-def client_assignment(cfg: RunConfig, grid: WatchedGrid) -> Callable[[int, list[int]], dict[int, list[int]]]:
-    """``assign(server_round, node_ids) -> {node: [partition ids]}`` for ``ClippedSGDStrategy``."""
+def client_assignment(cfg: RunConfig, grid: WatchedGrid, privacy: Privacy | None = None
+                      ) -> Callable[[int, list[int]], dict[int, list[int]]]:
+    """``assign(server_round, node_ids) -> {node: [partition ids]}`` for ``ClippedSGDStrategy``;
+    a DP run's clients come from its ``privacy`` (a secure sample where amplification is claimed)."""
     partial = cfg.per_round < cfg.num_clients
 
     def assign(server_round: int, node_ids: list[int]) -> dict[int, list[int]]:
@@ -31,7 +34,8 @@ def client_assignment(cfg: RunConfig, grid: WatchedGrid) -> Callable[[int, list[
         if unknown:
             raise ValueError(f"node(s) {unknown} did not report their partition-id: the ClientApp must answer the "
                              "query message (this project's does)")
-        chosen = participants(cfg.seed, server_round, cfg.num_clients, cfg.clients_per_round)
+        chosen = (privacy.participants(server_round) if privacy is not None else
+                  participants(cfg.seed, server_round, cfg.num_clients, cfg.clients_per_round))
         if partial:
             grid.expect_round(chosen)
         taking = set(chosen)

@@ -166,7 +166,17 @@ def summarize(run: Run) -> dict[str, Any]:
         "final": values[-1] if values else None,
         "best": (max(values) if better == "max" else min(values)) if values else None,
         "train-loss": last.get("train-loss"), "bytes": total_bytes, "wall-clock": last.get("wall-clock"),
+        "epsilon": _epsilon(last),
     }
+
+
+def _epsilon(row: dict[str, Any]) -> str | None:
+    """A DP run's epsilon at delta after its last round (None: no DP)."""
+    if "dp-epsilon" not in row:
+        return None
+    eps = _number(row.get("dp-epsilon"))
+    text = f"{eps:.3g} (d={_number(row.get('dp-delta')) or 0:.2g})" if eps is not None else str(row.get("dp-epsilon"))
+    return text if row.get("dp-private") else f"{text} NOT private"
 
 
 def _fmt(value: Any) -> str:
@@ -197,6 +207,8 @@ def print_table(lines: Sequence[dict[str, Any]], title: str = "Runs", console: A
     table = Table(title=title)
     columns = ["run", "method", "clients", "rounds", "global-epoch", "metric", "final", "best", "train-loss",
                "bytes", "wall-clock"]
+    if any(line.get("epsilon") for line in lines):
+        columns.append("epsilon")
     if any("status" in line for line in lines):
         columns = ["status"] + columns
     for c in columns:

@@ -18,8 +18,10 @@ from typing import Any
 
 import tomllib
 
+from strategies.core.dp_noise import BUFFER_CHOICES, DPSettings
 from strategies.core.settings import DEFAULTS, Hyper
 from strategies.methods import METHODS, method, own_keys
+from strategies.methods.privacy import method_problems
 
 TASKS = ("digits", "cifar10", "ptb", "wikitext2", "shakespeare")
 #: ``package.module:factory`` -- a task of your own (``tasks.custom``, README "Bring your own task")
@@ -92,6 +94,12 @@ class RunConfig:
     #: the methods' own settings (``Algorithm.Settings``): (TOML key, value) for every registered method's keys
     options: tuple[tuple[str, Any], ...] = field(default=(), metadata={"key": None, "doc": ""})
     eval_subsample: int = _key("eval-subsample", "evaluate on every k-th test example (1: all; cuts evaluation time on a CPU)", default=1)
+    dp_noise_multiplier: float = _key("dp-noise-multiplier", "z, client-level DP: N(0, z^2 S^2) added once to the sum of a round's updates (S: the method's bound, or dp-clip); 0: no DP", default=0.0)
+    dp_clip: float = _key("dp-clip", "C, update clipping of a DP run (DP-FedAvg): the sensitivity S for a method without a per-client bound (local-sgd, naive, momentum > 0); 0: the method's own bound (CELGC: I gamma x the largest lr scale)", default=0.0)
+    dp_delta: float = _key("dp-delta", "delta of the (epsilon, delta) reported; 0: 1/num-clients^1.1", default=0.0)
+    dp_max_epsilon: float = _key("dp-max-epsilon", "the run stops (results and checkpoint kept) before a round would spend more epsilon; 0: no limit", default=0.0)
+    dp_buffers: str = _key("dp-buffers", "a DP run with a model holding buffers (BatchNorm statistics: data, no bound): refuse, or frozen (kept at their initial values)", default="refuse")
+    dp_reproducible: bool = _key("dp-reproducible", "noise and client sample from the public seed (tests, backend parity): the run is marked NOT private", default=False)
 
     def __post_init__(self) -> None:
         _complete(self)
@@ -178,6 +186,12 @@ class RunConfig:
         """The chosen method's own settings (TOML key -> value)."""
         mine = method(self.algorithm).own_keys()
         return {k: v for k, v in self.options if k in mine}
+
+    @property
+    def dp(self) -> DPSettings:
+        """The DP keys (``strategies.core.dp_noise``, the mechanism ``strategies.methods.privacy``)."""
+        return DPSettings(noise_multiplier=self.dp_noise_multiplier, clip=self.dp_clip, delta=self.dp_delta,
+                          max_epsilon=self.dp_max_epsilon, buffers=self.dp_buffers, reproducible=self.dp_reproducible)
 
     @property
     def hyper(self) -> Hyper:
@@ -321,6 +335,10 @@ def _validate(c: RunConfig) -> None:
            "clients reply in a round")
     hyper = c.hyper  # the training hyper-parameters' own checks (strategies.core.settings.Hyper)
     for problem in method(c.algorithm).problems(hyper) + method(c.algorithm).config_problems(c):
+        _check(False, problem)
+    one_of("dp-buffers", c.dp_buffers, BUFFER_CHOICES)
+    for problem in c.dp.problems() + method_problems(c.dp, method(c.algorithm), hyper, c.num_clients, c.per_round,
+                                                   c.method_options):
         _check(False, problem)
     _check(0 <= c.similarity <= 100, f"similarity must be in [0, 100], got {c.similarity}")
     _check(math.isfinite(c.dirichlet_alpha) and c.dirichlet_alpha > 0, f"dirichlet-alpha must be > 0, got {c.dirichlet_alpha}")

@@ -16,7 +16,7 @@ def _fmt(value: Any, spec: str) -> str:
 
 
 class RoundProgress:
-    """A progress bar over rounds with the latest loss, accuracy, lr and clip fraction."""
+    """A progress bar over rounds with the latest loss, accuracy, lr, clip fraction (and a DP run's epsilon)."""
 
     def __init__(self, total: int, enabled: bool = True, console: Console | None = None) -> None:
         self.enabled = enabled
@@ -51,4 +51,6 @@ class RoundProgress:
         stats = (f"loss {_fmt(row.get('train-loss'), '.4f')}  acc {_fmt(row.get('test-accuracy'), '.4f')}  "
                  f"lr {_fmt(row.get('lr'), '.3g')}  clipped {_fmt(row.get('clip-fraction'), '.2f')}  "
                  f"epoch {_fmt(row.get('global-epoch'), '.2f')}")
+        if "dp-epsilon" in row:
+            stats += f"  eps {_fmt(row.get('dp-epsilon'), '.3g')}" + ("" if row.get("dp-private") else " (NOT private)")
         self._progress.update(self._task, completed=row.get("round", 0), stats=stats)

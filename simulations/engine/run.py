@@ -53,12 +53,13 @@ from strategies.methods import build
 from strategies.methods.algorithm import Algorithm, Exchange, RoundReport
 from strategies.methods.executors import ClientGroup, EngineOptions, SequentialClients, VmapClients, choose_executor
 from strategies.methods.executors.options import split_engine_keys
+from strategies.methods.privacy import Privacy
 from strategies.methods.reduce import ClientResults
 from tasks import cached_task, check_partitions, initial_model, partitions
 from tasks.config import RunConfig
 from tasks.device import pick_device
 from tasks.overrides import parse_overrides
-from tasks.protocol import Task, draw_batches, example_counter, is_stateful, training_loss
+from tasks.protocol import Task, draw_batches, example_counter, is_stateful, lr_scale_bound, training_loss
 from tasks.runs.checkpoint import Checkpoint, resume_point
 from tasks.runs.evaluation import Evaluator
 from tasks.runs.recorder import RunRecorder
@@ -105,9 +106,12 @@ class Engine:
                                           population=cfg.num_clients, per_round=cfg.per_round, options=cfg.method_options)
         # this process's slots among the round's K participants (K = num-clients: slot = partition id)
         self.clients = shard(cfg.per_round, world.size, world.rank)
-        self.round_clients = self._participants(1)
+        self.all_reduce = functools.partial(all_reduce_sum, world=world) if world.distributed else None
         self.model = initial_model(self.task, cfg.seed).to(self.device)
         self.state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.privacy = self._privacy()
+        self.algorithm.privacy = self.privacy  # every round's release goes through it (strategies.round)
+        self.round_clients = self._participants(1)
         self.count = example_counter(self.task)
         keep = cfg.client_state == "keep" and is_stateful(self.task)
         memory = self.algorithm.keeps_client_memory
@@ -125,12 +129,26 @@ class Engine:
                               f"(this process runs slots {self.clients.start}..{self.clients.stop - 1} of the sample)")
         self.executor = self._choose_executor()
         self.evaluator = Evaluator(cfg, self.task, self.model, self.device)
-        self.all_reduce = functools.partial(all_reduce_sum, world=world) if world.distributed else None
 
     # --- execution path ----------------------------------------------------------------
+    def _privacy(self) -> Privacy | None:
+        """The run's DP mechanism (dp-noise-multiplier > 0), as the ServerApp builds it: process 0 adds
+        the noise and draws a secure client sample, which every process then holds."""
+        cfg = self.cfg
+        if not cfg.dp.enabled:
+            return None
+        trainable = [k for k, p in self.model.named_parameters() if p.requires_grad]
+        broadcast = functools.partial(all_reduce_sum, world=self.world) if self.world.distributed else None
+        return Privacy(cfg.dp, population=cfg.num_clients, per_round=cfg.per_round, seed=cfg.seed, state=self.state,
+                       trainable=trainable, max_lr_scale=lr_scale_bound(self.task), adds_noise=self.world.is_main,
+                       broadcast=broadcast)
+
     def _participants(self, server_round: int) -> list[int]:
         """This process's clients (partition ids) in ``server_round``: its slots of the round's K."""
-        chosen = participants(self.cfg.seed, server_round, self.cfg.num_clients, self.cfg.per_round)
+        if self.privacy is not None:
+            chosen = self.privacy.participants(server_round)
+        else:
+            chosen = participants(self.cfg.seed, server_round, self.cfg.num_clients, self.cfg.per_round)
         return [chosen[i] for i in self.clients]
 
     def _draw(self, pid: int, state: dict[str, Tensor] | None, **kw: Any):
@@ -234,7 +252,12 @@ def _rounds(cfg: RunConfig, options: EngineOptions, world: World, task: Any, par
     header = {"train-size": train_size, "model-bytes": state_nbytes(engine.state),
               "backend": "engine", "world-size": world.size,
               "engine": {**options.to_mapping(), "path": engine.path, "device": str(engine.device), "notes": engine.notes}}
-    recorder = RunRecorder(cfg, engine.evaluator if main else None, folder if main else None, header, resumed=ckpt)
+    privacy = engine.privacy
+    last = privacy.last_round(cfg.num_rounds) if privacy is not None else cfg.num_rounds
+    if privacy is not None:
+        header["privacy"] = privacy.header()
+    recorder = RunRecorder(cfg, engine.evaluator if main else None, folder if main else None, header, resumed=ckpt,
+                           last_round=last, stop_reason=privacy.stop_reason(cfg.num_rounds) if privacy else None)
     with RoundProgress(cfg.num_rounds, enabled=main and show_progress) as progress:
         for note in engine.notes:
             progress.note(f"engine: {note}; {world.size} process(es), clients {engine.clients.start}.."
@@ -242,7 +265,9 @@ def _rounds(cfg: RunConfig, options: EngineOptions, world: World, task: Any, par
             log.info("%s", note)
         if ckpt:
             progress.note(f"engine: resuming {folder} from its round-{done} checkpoint")
-        for server_round in range(done + 1 if ckpt else 0, cfg.num_rounds + 1):
+        for line in privacy.summary() if privacy is not None else []:
+            progress.note(f"engine: {line}")
+        for server_round in range(done + 1 if ckpt else 0, last + 1):
             report = engine.train_round(server_round) if server_round > 0 else None
             epoch = engine.algorithm.epoch_at(server_round)
             lost = int(report.metrics.get("rejected-replies", 0)) if report is not None else 0
@@ -250,6 +275,9 @@ def _rounds(cfg: RunConfig, options: EngineOptions, world: World, task: Any, par
                                   failures=[f"{lost} client(s) had non-finite results"] if lost else [],
                                   server_state=engine.algorithm.state_dict())
             progress.update(row)
+        if recorder.stop_reason:
+            progress.note(f"engine: {recorder.stop_reason}")
+            log.warning("%s", recorder.stop_reason)
         path = recorder.finish(engine.state) if main else None
         if path is not None:
             progress.note(f"engine: results: {folder / 'results.jsonl'}")

@@ -197,7 +197,8 @@ class _Group:
 
 def mean(results: ClientResults, like: Mapping[str, Mapping[str, Tensor]], *, aggregation: str, expected: int,
          all_reduce: AllReduce | None = None, reject_nonfinite: bool = True,
-         sums: Mapping[str, float] | None = None, trim_fraction: float = 0.0, population: int | None = None) -> Mean:
+         sums: Mapping[str, float] | None = None, trim_fraction: float = 0.0, population: int | None = None,
+         fixed_denominator: bool = False, extra: Tensor | None = None) -> Mean:
     """Average the groups named by ``like`` (group -> the keys, shapes and dtypes of its
     average) over the sound clients of every process, with ONE ``all_reduce``.
 
@@ -207,7 +208,12 @@ def mean(results: ClientResults, like: Mapping[str, Mapping[str, Tensor]], *, ag
     (``strategies.core.robust_statistics``: ``median``, ``trimmed-mean`` with ``trim_fraction``) takes the
     statistic of the sound clients' rows instead of their weighted sum; across processes the
     rows travel in the same all-reduce, each process writing its clients' rows at their ids
-    (``population``: the number of client ids, needed then)."""
+    (``population``: the number of client ids, needed then).
+
+    ``fixed_denominator`` (a DP round, ``strategies.methods.privacy``): the sum is divided by
+    ``expected`` whatever the number of sound clients (no renormalisation), and an average is
+    returned even without one; ``extra``: a flat float64 vector added to this process's
+    weighted sum before the all-reduce (the round's noise, already divided by ``expected``)."""
     sums = dict(sums or {})
     device = results.table.device
     n = len(results)
@@ -220,6 +226,8 @@ def mean(results: ClientResults, like: Mapping[str, Mapping[str, Tensor]], *, ag
     robust = aggregation in ROBUST
     if not robust:
         parts = [group.weighted_sum(w, ok) for group in groups]
+        if extra is not None:
+            parts = [torch.cat(parts) + extra.to(device, torch.float64)]
     else:
         rows = torch.cat([group.rows(ok) for group in groups] + [ok.to(torch.float64)[:, None]], 1)  # [n, P + 1]
         if all_reduce is not None:  # gathered by the sum: every process writes its clients' rows at their ids
@@ -243,14 +251,14 @@ def mean(results: ClientResults, like: Mapping[str, Mapping[str, Tensor]], *, ag
     metrics = finish_metrics(values[2:2 + SUMS_WIDTH], replies)
     means = {k: values[2 + SUMS_WIDTH + i] / replies for i, k in enumerate(scalars)} if replies else {}
     totals = dict(zip(sums, values[2 + SUMS_WIDTH + len(scalars):], strict=True))
-    if replies == 0 or weight <= 0:
+    if (replies == 0 or weight <= 0) and not fixed_denominator:
         return Mean(None, replies, metrics, means, ok, totals)
     body = vector[:-width]
     if robust:
         gathered = body.view(-1, sum(g.size for g in groups) + 1)
         sound = gathered[gathered[:, -1] > 0.5, :-1]  # the sound clients of every process
         body = aggregate(sound, aggregation, trim_fraction)
-    elif weight != 1.0:
+    elif weight != 1.0 and not fixed_denominator:
         body = body / weight
     out, offset = {}, 0
     for name, ref in like.items():

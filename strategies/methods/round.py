@@ -118,6 +118,9 @@ class Round:
         self._totals = {"bytes-sent": 0, "bytes-received": 0}
         self._exchanges = 0
         self._last: Exchange | None = None
+        #: the run's DP mechanism (``strategies.methods.privacy.Privacy``, set on the method by the backend), or None
+        self.privacy = getattr(algorithm, "privacy", None)
+        self.dp_metrics: dict[str, float | int] = {}  # the DP round's metrics (epsilon, S, noise std, ...)
 
     # --- exchanges -----------------------------------------------------------------------
     def settings(self, mode: Mode, **changes: Any) -> RoundSettings:
@@ -184,13 +187,16 @@ class Round:
         Also sums, over all processes, the clients given (``Mean.metrics["clients"]``) and the
         bytes sent and received so far."""
         self._pending["bytes-received"] += results.nbytes()
-        sample = {g: per_client(a)[0] for g, a in results.arrays.items()} if len(results) else None
-        like = {g: self.like(g, sample) for g in groups}
         sums = {"clients": float(len(results)), **self._pending}
-        hyper = self.algorithm.hyper
-        m = mean(results, like, aggregation=aggregation or hyper.aggregation, trim_fraction=hyper.trim_fraction,
-                 expected=self._expected_for(results), all_reduce=self.all_reduce, sums=sums,
-                 population=self.algorithm.population or self.expected)
+        if self.privacy is not None and self._last is not None and self._last.final:  # a DP round's release
+            m = self.privacy.mean(self, results, groups, sums)
+        else:
+            sample = {g: per_client(a)[0] for g, a in results.arrays.items()} if len(results) else None
+            like = {g: self.like(g, sample) for g in groups}
+            hyper = self.algorithm.hyper
+            m = mean(results, like, aggregation=aggregation or hyper.aggregation, trim_fraction=hyper.trim_fraction,
+                     expected=self._expected_for(results), all_reduce=self.all_reduce, sums=sums,
+                     population=self.algorithm.population or self.expected)
         for key in self._totals:
             self._totals[key] += int(round(m.sums[key]))
         self._pending = {k: 0.0 for k in self._pending}
@@ -214,6 +220,7 @@ class Round:
             "bytes-received": self._totals["bytes-received"],
             **(last.metrics if metrics is None else metrics),
             **extra,
+            **self.dp_metrics,
         }
         return RoundReport(self.server_round, self.lr, self.clip, state, out, list(self.rejected))
 
@@ -223,7 +230,8 @@ class Round:
         out = {"replies": 0, "rejected-replies": sum(1 for r in self.rejected if r.mode == final),
                "failed-replies": self.failed.get(final, 0),
                "bytes-sent": self._totals["bytes-sent"] + int(self._pending["bytes-sent"]),
-               "bytes-received": self._totals["bytes-received"] + int(self._pending["bytes-received"]), **extra}
+               "bytes-received": self._totals["bytes-received"] + int(self._pending["bytes-received"]), **extra,
+               **self.dp_metrics}
         return RoundReport(self.server_round, self.lr, self.clip, None, out, list(self.rejected))
 
 

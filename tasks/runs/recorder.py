@@ -30,8 +30,12 @@ class RunRecorder:
     """Rows, evaluation, checkpoints of one run (``folder`` None: rows and evaluation only)."""
 
     def __init__(self, cfg: RunConfig, evaluator: Evaluator | None, folder: Path | None, header: Mapping[str, Any],
-                 resumed: Checkpoint | None = None) -> None:
+                 resumed: Checkpoint | None = None, last_round: int | None = None,
+                 stop_reason: str | None = None) -> None:
         self.cfg = cfg
+        #: the run's last round (before num-rounds when a DP budget ends it: ``stop_reason`` says why)
+        self.last_round = cfg.num_rounds if last_round is None else last_round
+        self.stop_reason = stop_reason if self.last_round < cfg.num_rounds else None
         self.evaluator = evaluator
         self.folder = folder
         self.done = resumed.round if resumed is not None else 0
@@ -63,8 +67,11 @@ class RunRecorder:
             row = round_row(server_round, epoch, lr=report.lr, clip=report.clip, failed_nodes=list(failed_nodes),
                             failures=list(failures), metrics=metrics,
                             resumed_from=self.done if self.done and server_round == self.done + 1 else None)
+        stops = server_round == self.last_round and self.stop_reason is not None
+        if stops and server_round > 0:
+            row["stopped"] = self.stop_reason
         evaluation: dict[str, float | int] = {}
-        if self.evaluator is not None and cfg.evaluates(server_round):
+        if self.evaluator is not None and (cfg.evaluates(server_round) or stops):
             evaluation = self.evaluator(state)
             row.update(evaluation)
         self.clock.exclude(time.monotonic() - t0)
@@ -74,7 +81,7 @@ class RunRecorder:
             self.writer.row(row)
             if server_round > 0:
                 refuse_non_finite(state, server_round)
-            if cfg.checkpoints(server_round):
+            if cfg.checkpoints(server_round) or (stops and server_round > 0 and cfg.checkpoint_every > 0):
                 save_checkpoint(self.folder, Checkpoint(round=server_round, arrays=dict(state),
                                                         strategy_state=dict(server_state or {}), meta={
                     "config": cfg.to_mapping(), "wall-clock": row["wall-clock"], "num-rounds": cfg.num_rounds}))
