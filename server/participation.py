@@ -17,6 +17,7 @@ from logging import WARNING
 from flwr.supercore import log
 
 from strategies.core.client_sampling import participants
+from strategies.flower_api.wire import NamedClients
 from strategies.methods.privacy import Privacy
 from tasks.config import RunConfig
 
@@ -41,6 +42,8 @@ def client_assignment(cfg: RunConfig, grid: WatchedGrid, privacy: Privacy | None
         taking = set(chosen)
         out = {n: [p for p in grid.clients_of(n) if p in taking] for n in node_ids}
         out = {n: ps for n, ps in sorted(out.items(), key=lambda nps: nps[1][:1]) if ps}
+        if any(len(grid.clients_of(n)) > 1 for n in node_ids):  # a node's one sampled client must be named
+            out = NamedClients(out)
         missing = sorted(taking - {p for ps in out.values() for p in ps})
         if missing:
             log(WARNING, "Round %d: client(s) %s have no node online", server_round, missing)

@@ -64,6 +64,14 @@ def test_flower_trains_the_sampled_partitions_and_the_engine_matches_bit_for_bit
         assert "failures" not in row  # a member that was not sampled is not offline
     runs.same(ref, engine(tmp_path, "engine", "auto", **CASES[case]), exact=True)
 
+def test_sampled_clients_on_nodes_that_serve_several_are_named_and_match_the_engine(tmp_path, runs):
+    """Partial participation with fewer nodes than clients: a node whose only sampled client is one of
+    several it serves gets a message naming it (the plain format would leave the node guessing)."""
+    two = runs.flower("two-nodes", num_nodes=2, **BASE, **CASES["celgc"])
+    assert all(row["replies"] == K for row in two[1][1][1:])
+    runs.same(two, engine(tmp_path, "engine-two", "auto", **CASES["celgc"]), exact=True)
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_vectorised_engine_runs_only_the_sampled_clients(tmp_path, smooth_digits, runs, case):
     ref, _ = flower(tmp_path, "flower", **CASES[case])

@@ -39,7 +39,7 @@ from ..methods.reduce import ClientResults
 from ..methods.round import Exchange, Round, RoundReport
 from .node_sampling import Assign, Select, sample
 from .screen import Checks, screen
-from .wire import Reply, messages
+from .wire import NamedClients, Reply, messages
 
 #: the Strategy methods that run a round: a class mixing in another strategy's version of one is refused
 ROUND_HOOKS = ("configure_train", "aggregate_train", "configure_evaluate", "aggregate_evaluate", "start")
@@ -347,7 +347,10 @@ class ClippedSGDStrategy(FedAvg):
         """The round's clients by the node that serves each (``assign``), checked."""
         _, everyone = sample_nodes(grid, self.min_available_nodes, 0)  # waits for min_available_nodes
         connected = sorted(everyone)
-        served = {int(n): [int(p) for p in ps] for n, ps in self.assign(server_round, connected).items()}
+        assigned = self.assign(server_round, connected)
+        served = {int(n): [int(p) for p in ps] for n, ps in assigned.items()}
+        if isinstance(assigned, NamedClients):  # nodes serving several clients: the messages name theirs
+            served = NamedClients(served)
         clients = [p for ps in served.values() for p in ps]
         if set(served) - set(connected) or len(set(clients)) != len(clients):
             raise ValueError(f"assign({server_round}, ...) must map connected node ids to distinct clients, got "
@@ -459,7 +462,8 @@ def _holders(served: dict[int, list[int]] | None, exchange: Exchange) -> dict[in
     if served is None:
         return None
     taking = set(exchange.clients)
-    return {node: [p for p in ps if p in taking] for node, ps in served.items() if any(p in taking for p in ps)}
+    out = {node: [p for p in ps if p in taking] for node, ps in served.items() if any(p in taking for p in ps)}
+    return NamedClients(out) if isinstance(served, NamedClients) else out
 
 
 @functools.cache

@@ -95,10 +95,19 @@ def messages(exchange: Exchange, arrays: ArrayRecord, config: ConfigRecord, *, a
     return out
 
 
+class NamedClients(dict):
+    """node -> the exchange's clients it serves, always in the suffixed format (the clients named),
+    even where each node has one client of this exchange: an ``assign`` hook returns it when a node
+    serves several clients of the federation, since a node's one sampled client (partial
+    participation) cannot be told from the others of the node by a plain message."""
+
+
 def is_multi(holders: Mapping[int, Sequence[int]] | None) -> bool:
-    """Whether some node serves several of the clients (the suffixed format); with one client a
-    node the messages and replies keep the plain format."""
-    return holders is not None and any(len(clients) != 1 for clients in holders.values())
+    """Whether the messages name their clients (the suffixed format): some node serves several of
+    the clients, or ``holders`` is ``NamedClients``; with one client a node the messages and
+    replies keep the plain format."""
+    return holders is not None and (isinstance(holders, NamedClients) or
+                                    any(len(clients) != 1 for clients in holders.values()))
 
 
 def split_reply(content: RecordDict, clients: Sequence[int]) -> tuple[dict[int, RecordDict], list[str]]:
