@@ -97,3 +97,23 @@ def test_plain_flwr_run_serves_the_default_clients_on_flowers_two_nodes(superlin
     _, engine_rows = read_results(tmp_path / "engine" / "results.jsonl")
     for ours, theirs in zip(rows, engine_rows, strict=True):
         assert ours.get("train-loss") == theirs.get("train-loss") and ours["test-accuracy"] == theirs["test-accuracy"]
+
+
+def test_a_dp_run_through_flwr_run_equals_the_engine(superlink, tmp_path):
+    """The DP keys through the real `flwr run` (Ray simulation, Flower's 2 nodes for 4 clients, 2 sampled a
+    round): in reproducible mode the same noise and sample as the engine, so the same model and epsilon."""
+    dp = {"num-clients": 4, "clients-per-round": 2, "dp-noise-multiplier": 1.0, "dp-buffers": "frozen",
+          "dp-reproducible": True}
+    config = {**SMALL, **dp, "results-dir": str(tmp_path), "run-name": "flwr-dp"}
+    run = run_app(ROOT, config, {"num-supernodes": 2}, timeout=240, superlink=superlink)
+    assert run["status"] == "finished:completed"
+    header, rows = read_results(tmp_path / "flwr-dp" / "results.jsonl")
+    assert header["privacy"]["private"] is False and rows[-1]["dp-private"] == 0
+    values = {**RunConfig().to_mapping(), **SMALL, **dp, "results-dir": str(tmp_path), "run-name": "engine-dp",
+              "device": "cpu"}
+    engine = run_engine(RunConfig.from_mapping(values), show_progress=False)
+    assert engine.rows[-1]["dp-epsilon"] == rows[-1]["dp-epsilon"] > 0
+    assert engine.rows[-1]["dp-noise-std"] == rows[-1]["dp-noise-std"]
+    flower = load_weights(tmp_path / "flwr-dp" / "model.pt")
+    for key in flower:
+        torch.testing.assert_close(flower[key], engine.state[key].cpu(), rtol=0, atol=1e-6)
