@@ -144,10 +144,11 @@ def test_a_client_sending_100_s_moves_the_model_no_more_than_an_honest_one(metho
 # --- configuration and refusals ------------------------------------------------------------------
 @pytest.mark.parametrize("values, words", [
     ({"algorithm": "local-sgd", "clip": "off"}, "needs dp-clip > 0"),
+    ({"algorithm": "local-sgd"}, "needs dp-clip > 0"),  # its own default: clip off
     ({"algorithm": "naive", "local-steps": 1}, "needs dp-clip > 0"),
     ({"momentum": 0.9}, "needs dp-clip > 0"),
     ({"algorithm": "episode"}, "not supported for algorithm 'episode'"),
-    ({"algorithm": "scaffold", "clip": "off"}, "not supported for algorithm 'scaffold'"),
+    ({"algorithm": "scaffold"}, "not supported for algorithm 'scaffold'"),
     ({"algorithm": "single", "num-clients": 1}, "needs clients"),
     ({"aggregation": "examples"}, "aggregation=\"uniform\""),
     ({"dp-buffers": "keep"}, "dp-buffers must be one of refuse, frozen"),
