@@ -48,7 +48,8 @@ def method_table() -> list[str]:
 def keys_table() -> list[str]:
     rows = ["| key | algorithm | type | default | meaning |", "|---|---|---|---|---|"]
     for key, (name, f) in own_keys().items():
-        rows.append(f"| `{key}` | `{name}` | {f.type} | `{_value(f.default)}` | {f.metadata['doc']} |")
+        typ = f.type if isinstance(f.type, str) else f.type.__name__
+        rows.append(f"| `{key}` | `{name}` | {typ} | `{_value(f.default)}` | {f.metadata['doc']} |")
     if len(rows) == 2:
         rows.append("| (none yet) | | | | |")
     return rows

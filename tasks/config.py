@@ -111,6 +111,10 @@ class RunConfig:
         """Parse run-config keys (hyphenated, as in TOML); unknown keys are errors."""
         fields = {f.metadata["key"]: f for f in dataclasses.fields(cls) if f.metadata["key"] is not None}
         own = own_keys()
+        try:  # a method of your own (import path) brings its keys
+            own.update({k: ("", f) for k, f in method(values.get("algorithm", "celgc")).own_keys().items() if k not in own})
+        except (ValueError, TypeError):
+            pass  # refused by the validation, naming the known methods
         unknown = sorted(set(values) - set(fields) - set(own))
         if unknown:
             known = [*fields, *own]
@@ -157,7 +161,7 @@ class RunConfig:
         """The results sub-folder: ``run-name``, or <task>-<algorithm>-I<local-steps>-s<seed>-<time>."""
         import time
 
-        return self.run_name or f"{task_label(self.task)}-{self.algorithm}-I{self.local_steps}-s{self.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+        return self.run_name or f"{task_label(self.task)}-{task_label(self.algorithm)}-I{self.local_steps}-s{self.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
 
     def evaluates(self, server_round: int) -> bool:
         """Central evaluation after this round: every ``eval-every`` rounds and after the last."""
@@ -221,21 +225,24 @@ def _complete(c: RunConfig) -> None:
     """The chosen method's defaults for shared keys left at the shared default (SCAFFOLD: clip
     off), and every method's own settings completed with their defaults and checked; a setting
     of another method than the chosen one must keep its default."""
-    if c.algorithm not in METHODS:
-        return  # refused by _validate, naming the known methods
-    chosen = METHODS[c.algorithm]
+    try:
+        chosen = method(c.algorithm)
+    except (ValueError, TypeError):
+        return  # refused by _validate, naming the known methods or what is wrong with the path
     hyper = chosen.with_shared_defaults(c.hyper)
     for f in dataclasses.fields(Hyper):
         if getattr(c, f.name) != getattr(hyper, f.name):
             object.__setattr__(c, f.name, getattr(hyper, f.name))
     given = dict(c.options)
     values: list[tuple[str, Any]] = []
-    for name, cls in METHODS.items():
+    methods = dict(METHODS)
+    methods.setdefault(chosen.name, chosen)  # a method of your own
+    for name, cls in methods.items():
         keys = cls.own_keys()
         parsed = cls.parse_options({k: v for k, v in given.items() if k in keys})
         for key, fld in keys.items():
             value = getattr(parsed, fld.name)
-            if name != c.algorithm and value != fld.default:
+            if cls is not chosen and value != fld.default:
                 raise ValueError(f"{key} is a setting of algorithm {name!r}, not of {c.algorithm!r} (set algorithm = "
                                  f"\"{name}\" or leave {key} at {fld.default!r})")
             values.append((key, value))
@@ -303,7 +310,7 @@ def _validate(c: RunConfig) -> None:
 
     _check(c.task in TASKS or TASK_PATH.fullmatch(c.task) is not None,
            f"task must be one of {', '.join(TASKS)} or an import path \"package.module:factory\", got {c.task!r}")
-    one_of("algorithm", c.algorithm, tuple(METHODS))  # the registry as it is now
+    method(c.algorithm)  # a registered method or an import path that gives one; else an error naming them
     one_of("partitioner", c.partitioner, PARTITIONERS)
     one_of("device", c.device, DEVICES)
     one_of("client-state", c.client_state, CLIENT_STATES)

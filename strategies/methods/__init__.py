@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import re
 from typing import Any
 
 from ..core.settings import ConfigError, Hyper, RoundSettings
@@ -56,12 +57,37 @@ def _registry() -> dict[str, type[Algorithm]]:
 METHODS: dict[str, type[Algorithm]] = _registry()
 
 
+#: ``package.module:Class`` -- a method of your own, outside this project (like ``task``)
+IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+#: methods loaded by import path in this process: their ``name`` -> the class (what ``client_side`` also answers)
+LOADED: dict[str, type[Algorithm]] = {}
+
+
 def method(name: str) -> type[Algorithm]:
-    """The method named ``name`` (an error naming the known ones)."""
-    try:
+    """The method named ``name``: a registered one, or ``package.module:Class`` imported (then
+    known by its class's ``name`` to ``client_side`` in this process); an error names the known
+    methods, or what is wrong with the path."""
+    if name in METHODS:
         return METHODS[name]
-    except KeyError:
-        raise ValueError(f"algorithm must be one of {', '.join(METHODS)}, got {name!r}") from None
+    if not (isinstance(name, str) and IMPORT_PATH.fullmatch(name)):
+        raise ValueError(f"algorithm must be one of {', '.join(METHODS)} or an import path \"package.module:Class\", "
+                         f"got {name!r}")
+    module_name, _, attr = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"algorithm {name!r}: module {module_name!r} does not import ({exc})") from None
+    cls = getattr(module, attr, None)
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)) or inspect.isabstract(cls):
+        raise ValueError(f"algorithm {name!r} is not a method: {attr} must be a concrete subclass of "
+                         f"strategies.methods.algorithm.Algorithm, got {cls!r}")
+    if not (isinstance(vars(cls).get("name"), str) and vars(cls)["name"]):
+        raise ValueError(f"algorithm {name!r}: {attr} must set its own name (the name rounds carry)")
+    taken = METHODS.get(cls.name) or LOADED.get(cls.name)
+    if taken is not None and taken is not cls:
+        raise ValueError(f"algorithm {name!r} is named {cls.name!r}, the name of {taken.__module__}.{taken.__qualname__}")
+    LOADED[cls.name] = cls
+    return cls
 
 
 def client_side(settings: RoundSettings) -> type[Algorithm]:
@@ -73,7 +99,7 @@ def client_side(settings: RoundSettings) -> type[Algorithm]:
         raise ConfigError("the round's config names no method ('algorithm'): a client runs exactly the method the "
                           "server runs, and the strategies of `strategies` name it in every round's config")
     try:
-        cls = METHODS[settings.algorithm]
+        cls = METHODS[settings.algorithm] if settings.algorithm in METHODS else LOADED[settings.algorithm]
     except KeyError:
         raise ConfigError(f"the round's config names algorithm {settings.algorithm!r}, which this node does not have "
                           f"(it has {', '.join(METHODS)})") from None
@@ -99,4 +125,4 @@ def build(name: str, hyper: Hyper, **kw: Any) -> Algorithm:
     return method(name)(hyper, **kw)
 
 
-__all__ = ["METHODS", "Algorithm", "build", "client_side", "method", "own_keys"]
+__all__ = ["IMPORT_PATH", "LOADED", "METHODS", "Algorithm", "build", "client_side", "method", "own_keys"]

@@ -154,7 +154,8 @@ class Algorithm(ABC):
                               f"{cls.name!r} its server sends every round")
         kwargs = {}
         for key, f in fields.items():
-            value = _coerce(key, str(f.type), values[key]) if key in values else f.default
+            typ = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))  # annotations or not
+            value = _coerce(key, typ, values[key]) if key in values else f.default
             check = f.metadata["check"]
             if check is not None and not check(value):
                 raise ValueError(f"{key} must be {f.metadata['rule'] or 'valid'}, got {value!r}")

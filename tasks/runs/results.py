@@ -11,10 +11,10 @@ threads of the process that continued it."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
-import hashlib
 import platform
 import subprocess
 import time
