@@ -123,3 +123,15 @@ def test_the_engine_names_no_method():
     for path in sorted((ROOT / "simulations" / "engine").glob("*.py")):
         named = _code_words(path) & names
         assert not named, f"{path.name} names {sorted(named)}: the engine must only drive the method it is given"
+
+
+def test_no_two_modules_share_a_stem():
+    """One name, one module: ``episode.py`` here and ``episode.py`` there read as the same thing.
+    Allowed: package files and Flower's two app entry points (client/app.py, server/app.py)."""
+    allowed = {"__init__", "__main__", "app"}
+    seen: dict[str, list[str]] = {}
+    packages = [d for d in ROOT.iterdir() if (d / "__init__.py").is_file() and d.name != "tests"]
+    for path in sorted(p for d in packages for p in d.rglob("*.py")):
+        seen.setdefault(path.stem, []).append(str(path.relative_to(ROOT)))
+    clashes = {stem: paths for stem, paths in seen.items() if len(paths) > 1 and stem not in allowed}
+    assert not clashes, f"modules sharing a name: {clashes}"
