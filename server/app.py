@@ -10,6 +10,7 @@ and beside it in ``server/``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
 
 from strategies.core.averaging import state_nbytes
@@ -208,17 +210,30 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def run(grid: Grid, cfg: RunConfig) -> None:
-    """One run of ``cfg`` on the grid's federation: rounds, results, checkpoints, weights."""
+#: ``wrap(strategy) -> Strategy``: a Flower strategy around this project's (e.g. Flower's DP wrappers)
+Wrap = Callable[[ClippedSGDStrategy], Strategy]
+
+
+def run(grid: Grid, cfg: RunConfig, wrap: Wrap | None = None) -> None:
+    """One run of ``cfg`` on the grid's federation: rounds, results, checkpoints, weights.
+
+    ``wrap``: a Flower strategy around the method's (Flower's
+    ``DifferentialPrivacyServerSideFixedClipping``, say) that drives the rounds instead of it;
+    the reply checks, rows and checkpoints stay the inner strategy's (README "Flower's own DP
+    wrappers"). Refused together with this project's own DP keys (noise would be added twice)."""
     cfg = follow_federation(grid, cfg)
+    if wrap is not None and cfg.dp.enabled:
+        raise ValueError("dp-noise-multiplier > 0 and a wrapped strategy: noise would be added twice; use this "
+                         "project's DP keys (dp-noise-multiplier = 0 with a wrapper) or Flower's wrapper, not both")
     folder = Path(cfg.results_dir).resolve() / cfg.folder_name()  # not the run folder: a link there is refused
     log(INFO, "CELGC run: %s -> results in %s", cfg.task, folder)
     with claim_run_folder(folder, resume=cfg.resume):
-        run_in_folder(grid, cfg, folder)
+        run_in_folder(grid, cfg, folder, wrap)
 
 
-def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path) -> None:
-    """The run in its (claimed) folder: federation check, rounds, results rows, checkpoints, weights."""
+def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path, wrap: Wrap | None = None) -> None:
+    """The run in its (claimed) folder: federation check, rounds, results rows, checkpoints, weights
+    (``wrap``: see ``run``)."""
     task = cached_task(cfg)
     device = pick_device(cfg.device)
     check_partitions(cfg)
@@ -269,7 +284,8 @@ def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path) -> None:
 
     final = arrays
     if done < last:
-        runner = ResumedStrategy(strategy, done) if done else strategy
+        outer = wrap(strategy) if wrap is not None else strategy
+        runner = ResumedStrategy(outer, done) if done else outer
         result = runner.start(
             grid=watched, initial_arrays=arrays, num_rounds=last - done, timeout=cfg.round_timeout,
             train_config=ConfigRecord(), evaluate_fn=runner.shift_evaluate(evaluate_fn) if done else evaluate_fn,
