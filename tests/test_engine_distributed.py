@@ -135,3 +135,42 @@ def test_vectorised_world_of_two_equals_one(tmp_path, vmap_world):
     assert two["clients"] == [0, 1, 2] and one["clients"] == [0, 1, 2, 3, 4]
     assert_close(two["state"], one["state"], 1e-6)
     assert two["rows"][-1]["train-loss"] == pytest.approx(one["rows"][-1]["train-loss"], rel=1e-6)
+
+
+DP_WORLD = """
+import sys, torch
+from simulations.engine import EngineOptions
+from simulations.engine.distributed import close_world, init_world
+from simulations.engine.run import Engine
+from tasks.config import RunConfig
+
+cfg = RunConfig.from_mapping({"num-clients": 4, "clients-per-round": 2, "num-rounds": 2, "local-steps": 2,
+                              "batch-size": 16, "device": "cpu", "dp-noise-multiplier": 1.0, "dp-buffers": "frozen",
+                              "dp-reproducible": sys.argv[2] == "seeded"})
+world = init_world("cpu")
+engine = Engine(cfg, EngineOptions(path="sequential"), world)
+samples = []
+for server_round in (1, 2):
+    engine.train_round(server_round)
+    samples.append(engine.privacy.participants(server_round))
+torch.save({"state": {k: v.cpu() for k, v in engine.state.items()}, "samples": samples}, f"{sys.argv[1]}.{world.rank}")
+close_world(world)
+"""
+
+
+@pytest.mark.realproc
+def test_dp_rounds_on_two_gloo_processes(tmp_path):
+    """A DP run on 2 processes: process 0 adds the noise once and draws the secure sample, which both then
+    hold (the same clients, the same model); in reproducible mode 2 processes == 1."""
+    script = tmp_path / "dp_world.py"
+    script.write_text(DP_WORLD)
+    for mode in ("secure", "seeded"):
+        run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script),
+             str(tmp_path / f"{mode}-two"), mode])
+        zero, one = torch.load(tmp_path / f"{mode}-two.0"), torch.load(tmp_path / f"{mode}-two.1")
+        assert zero["samples"] == one["samples"] and all(len(s) == 2 for s in zero["samples"])
+        assert all(torch.equal(zero["state"][k], one["state"][k]) for k in zero["state"])
+    run([sys.executable, str(script), str(tmp_path / "seeded-one"), "seeded"])
+    single, two = torch.load(tmp_path / "seeded-one.0"), torch.load(tmp_path / "seeded-two.0")
+    assert single["samples"] == two["samples"]
+    assert_close(two["state"], single["state"], 1e-6)

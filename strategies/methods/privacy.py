@@ -1,14 +1,15 @@
 """Client-level differential privacy from the clipping bound: the mechanism of a round (no flwr).
 
 The mechanism of a DP round (every backend: the Flower strategies and the engine run it
-inside ``Round.mean`` of the round's last exchange, ``strategies.round``):
+inside ``Round.mean`` of the round's last exchange, ``strategies.methods.round``; the pure parts:
+``strategies.core.dp_noise``, the accountant ``strategies.core.dp_accountant``):
 
 1. Each sound client's contribution is its update over the trainable parameters: x_i - x_bar
    for a method whose clients return their state (CELGC, local SGD), its gradient for one
    whose clients return gradients (naive parallel clipping).
 2. The sensitivity S is the method's own bound on an honest client (``Algorithm.bound``: for
    CELGC with weight decay lambda = 0 and momentum mu = 0, I gamma times the largest lr scale
-   of the task's batches, ``strategies.bound``; lambda > 0 adds the terms of ``max_displacement``,
+   of the task's batches, ``strategies.core.bound``; lambda > 0 adds the terms of ``max_displacement``,
    which depend on the global model's norm -- public, so S stays data-independent; mu > 0 or
    gamma = inf: no bound), or ``dp-clip`` where the user sets one (update clipping as
    DP-FedAvg, McMahan et al. ICLR 2018). A method with neither is refused.
