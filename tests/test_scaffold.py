@@ -151,3 +151,22 @@ def test_flwr_run_keeps_the_controls_in_context_state(tmp_path, runs):
     loop, _ = runs.flower("loop", **{**case, "run-name": "loop"})
     for key in flower:
         torch.testing.assert_close(flower[key], loop[key], rtol=0, atol=1e-6)
+
+
+def test_a_lost_reply_is_said_in_the_rows_controls_unaccounted(tmp_path):
+    """Partition 1's ClientApp fails in round 2 (its reply never averaged): from then on c may not be
+    the mean of the clients' c_i, and every row says how many replies c does not include."""
+    from deploy_support import DEPLOY_CONFIG, FaultyGrid
+
+    from client.app import app as client_app
+    from server.app import app as server_app
+    from simulations.loopback import run_server_app
+
+    values = {**RunConfig().to_mapping(), **DEPLOY_CONFIG, "algorithm": "scaffold", "clip": math.inf,
+              "num-clients": 3, "num-rounds": 3, "node-wait": 2.0, "min-replies": 2, "results-dir": str(tmp_path),
+              "run-name": "lost"}
+    run_server_app(server_app, FaultyGrid(client_app, values, 3, failures={1: {2}}))
+    _, rows = read_results(tmp_path / "lost" / "results.jsonl")
+    assert [r["replies"] for r in rows[1:]] == [3, 2, 3]
+    assert "controls-unaccounted" not in rows[1]
+    assert [r["controls-unaccounted"] for r in rows[2:]] == [1, 1]

@@ -25,7 +25,12 @@ is not eta (g - c_i + c), so (x - y_i) / (I eta) is no longer the mean corrected
 batches that scale their step (``lr_scale``: the word-level language tasks ``ptb`` and
 ``wikitext2``, whose sequence-length jitter multiplies eta step by step) and a robust
 ``aggregation`` (``median``, ``trimmed-mean``: a coordinate-wise statistic of the control deltas
-breaks c = mean c_i). A step whose corrected gradient is not finite is skipped and
+breaks c = mean c_i).
+
+A client keeps its new c_i when it replies, whether or not the server then averages the reply:
+after a rejected, lost or failed reply, c is no longer the mean of the clients' c_i. The rows
+say so from that round on: ``controls-unaccounted``, the replies (over the run so far) whose
+control update c does not include (absent while 0). A step whose corrected gradient is not finite is skipped and
 counted, as every step here. A resumed run starts c and every c_i at zero again (the clients'
 controls live with the clients, and a resumed Flower run is a new run).
 """
@@ -65,6 +70,7 @@ class SCAFFOLD(Algorithm):
     def __init__(self, hyper: Hyper, **kw: Any) -> None:
         super().__init__(hyper, **kw)
         self.control: dict[str, Tensor] = {}  # c; empty: zeros
+        self.unaccounted = 0  # replies asked for and not averaged into c (rejected, lost, failed), all rounds
 
     @classmethod
     def problems(cls, hyper: Hyper) -> list[str]:
@@ -91,12 +97,16 @@ class SCAFFOLD(Algorithm):
         c = self.control or {k: torch.zeros_like(rnd.state[k]) for k in (rnd.trainable or [])}
         results = yield rnd.exchange(Mode.SCAFFOLD, arrays={"control": [c] * len(rnd.clients)})
         average = rnd.mean(results, "arrays", "control")
+        # a client whose reply is not averaged may still have kept its new c_i: from then on c is not the
+        # mean of the c_i the clients hold; the rows say so (0 until it happens: rows unchanged otherwise)
+        self.unaccounted += max(rnd.expected - average.replies, 0)
+        said = {"controls-unaccounted": self.unaccounted} if self.unaccounted else {}
         if average.arrays is None:
-            return rnd.finish(None, average)
+            return rnd.finish(None, average, **said)
         share = average.replies / (self.population or rnd.expected)  # |S| / N
         delta = average.arrays["control"]
         self.control = {k: (c[k] if k in c else torch.zeros_like(v)) + share * v for k, v in delta.items()}
-        return rnd.finish(average.arrays["arrays"], average)
+        return rnd.finish(average.arrays["arrays"], average, **said)
 
     @classmethod
     def client(cls, exchange: Exchange, group) -> ClientResults:
