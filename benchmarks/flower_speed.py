@@ -7,10 +7,19 @@ For each setting it runs the same run config several ways and prints one table:
 * ``flwr run, multi-client nodes`` -- the same with Flower's default 2 SuperNodes: each node
   serves every 2nd client with one call of its executor (``client/app.py``);
 * ``deployment`` (``--deployment``) -- a real deployment on loopback (TLS, SuperNode
-  authentication, ``server/deploy/*.sh``): a SuperLink and 2 SuperNodes serving the clients,
-  the run submitted with ``submit.sh``; the ServerApp pulls the round's replies itself
-  (``server.faults.WatchedGrid``), not through ``HttpGrid.send_and_receive``, which sleeps 3 s
-  between pulls in flwr 1.42;
+  authentication, ``server/deploy/*.sh`` with their defaults: SuperLink state in memory,
+  SuperNodes with this project's warm ClientApp runner, ``client/warm_runner.py``, and packed
+  messages): a SuperLink and 2 SuperNodes serving the clients, the run submitted with
+  ``submit.sh``; the same with Flower's stock ``--isolation subprocess`` (a new
+  ``flwr-clientapp`` process per message); and **plain Flower FedAvg** deployed alike (Flower's
+  own FedAvg strategy and a ~30-line ClientApp on the same CNN and data,
+  ``benchmarks/plain_fedavg``: no code of this project in the loop; stock isolation).
+  ``--netns`` runs the deployments with the SuperLink and each SuperNode in its own network
+  namespace (as root), as on separate hosts. Each round of a deployment of this project is
+  split into its parts from time stamps (``tasks.runs.stamps``): the push of the messages,
+  the wait until the SuperNode pulled them (Flower 1.42's SuperNode sleeps 3 s after an empty
+  pull), the start of the ClientApp, training, the way back of the reply, the server's own
+  work between rounds;
 * ``in process`` -- this project's ServerApp and ClientApp objects on 2 nodes in one process
   (``simulations.loopback``): the same messages, checks and executors, no Flower transport
   (no SuperLink, Ray or polling), so ``flwr run`` minus this is Flower's and Ray's share;
@@ -31,6 +40,11 @@ rounds), ``cross-device`` (after pfl-research's CIFAR-10 benchmark, arXiv 2404.0
 
     python benchmarks/flower_speed.py                  # all three settings
     python benchmarks/flower_speed.py --settings default --rounds 10
+    python benchmarks/flower_speed.py --settings default --rounds 8 --deployment --only-deployment [--netns]
+
+The load average before and after, and the CPU time other processes took during the
+measurement, are printed; a run that shared the machine says so loudly (its figures are not
+a result).
 """
 
 from __future__ import annotations
@@ -51,8 +65,11 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from simulations.flower import LocalSuperLink, run_app  # noqa: E402
-from simulations.flower.deploy import Deployment  # noqa: E402
+from simulations.flower.deploy import Deployment, Namespaces  # noqa: E402
 from simulations.flower.processes import process_tree  # noqa: E402
+from tasks.runs import stamps  # noqa: E402
+
+PLAIN_APP = ROOT / "benchmarks" / "plain_fedavg"
 
 SETTINGS = {
     "default": {},
@@ -114,20 +131,129 @@ def flwr(values: dict, nodes: int | None, work: Path, name: str) -> dict:
     return {"whole": whole, "round": per_round(rows), "peak": mem.peak, "rows": rows}
 
 
-def deployment(values: dict, work: Path, name: str, nodes: int = 2) -> dict:
+def deployment(values: dict, work: Path, name: str, nodes: int = 2, *, isolation: str = "warm",
+               netns: bool = False, app: Path = ROOT) -> dict:
+    """A loopback (or ``netns``) deployment with TLS and authenticated SuperNodes, the scripts'
+    defaults but ``isolation``; ``app``: this project, or the plain FedAvg app (its own keys)."""
+    plain = app != ROOT
+    stamp_file = work / f"stamps-{name}.jsonl"
+    os.environ[stamps.ENV] = str(stamp_file)  # inherited by the SuperLink, SuperNodes, runners, apps
     t0 = time.monotonic()
-    with Deployment(work / f"deploy-{name}", num_keys=nodes) as d:
-        d.start_superlink()
-        for i in range(nodes):
-            d.register(i)
-            d.start_supernode(i, partition=i, num_partitions=nodes)
-        with PeakMemory(lambda: process_tree([p.pid for p in d.procs], tag=d.tag)) as mem:
-            code, out, run = d.submit({**values, "run-name": name}, 3000)
-        if code != 0:
-            raise RuntimeError(out[-3000:])
-        whole = time.monotonic() - t0
+    hosts = Namespaces(num_clients=nodes) if netns else None
+    try:
+        if hosts is not None:
+            hosts.__enter__()
+        with Deployment(work / f"deploy-{name}", num_keys=nodes, state_file=False, netns=hosts) as d:
+            d.start_superlink()
+            for i in range(nodes):
+                d.register(i)
+                d.start_supernode(i, partition=i, num_partitions=nodes, options=["--isolation", isolation])
+            config = ({"num-server-rounds": values.get("num-rounds", 20), "times-file": str(stamp_file),
+                       "min-nodes": nodes} if plain else {**values, "run-name": name})
+            with PeakMemory(lambda: process_tree([p.pid for p in d.procs], tag=d.tag)) as mem:
+                code, out, run = d.submit(config, 3000, app=app)
+            if code != 0:
+                raise RuntimeError(out[-3000:])
+            whole = time.monotonic() - t0
+    finally:
+        os.environ.pop(stamps.ENV, None)
+        if hosts is not None:
+            hosts.__exit__(None, None, None)
+    marks = stamps.read(stamp_file)
+    if plain:  # the ServerApp's stamps: round 0 (before round 1), then the end of every round
+        clock = [m["t"] for m in marks if "round" in m and "event" not in m]
+        return {"whole": whole, "round": steady(clock), "first": clock[1] - clock[0], "peak": mem.peak, "rows": []}
     rows = rows_of(Path(values["results-dir"]) / name)
-    return {"whole": whole, "round": per_round(rows), "peak": mem.peak, "rows": rows}
+    clock = [r["wall-clock"] for r in rows]
+    return {"whole": whole, "round": steady(clock), "first": clock[1] - clock[0], "peak": mem.peak, "rows": rows,
+            "parts": round_parts(marks)}
+
+
+def steady(clock: list[float]) -> float:
+    """Seconds a round from the end of round 1 to the end of the last (``clock[0]``: round 0):
+    the first round's one-off costs (a worker's fork and the app's import) left out."""
+    return (clock[-1] - clock[1]) / max(len(clock) - 2, 1)
+
+
+PARTS = ("push", "to the SuperNode (Flower's idle pull, <= 3 s)", "ClientApp start", "train",
+         "reply back to the server", "server between rounds", "round")
+
+
+def round_parts(marks: list[dict]) -> dict[str, float]:
+    """Mean seconds of each part of a round (rounds 2.. of one train exchange each), from the
+    stamps: push -> pushed (the server's push), pushed -> acquired (the SuperNode pulls the
+    message; the warm runner's poll adds <= 0.05 s), acquired -> train-start (the task's input
+    and message pulled from the SuperNode, the app looked up), train-start -> train-end, train-end
+    -> reply at the server (k-th end paired with the k-th reply), last reply -> next push.
+    Under Flower's stock isolation there is no ``acquired``: "ClientApp start" then runs from the
+    SuperNode's pull ... which is not stamped, so pull and start are one part from ``pushed``."""
+    pushes = [m for m in marks if m["event"] == "push"]
+    out: dict[str, list[float]] = {k: [] for k in PARTS}
+    for r, (push, nxt) in enumerate(zip(pushes, pushes[1:] + [None], strict=True)):
+        if r == 0 or nxt is None:
+            continue
+        window = [m for m in marks if push["t"] <= m["t"] < nxt["t"]]
+        by = {e: [m["t"] for m in window if m["event"] == e] for e in
+              ("pushed", "acquired", "train-start", "train-end", "reply")}
+        if not (by["pushed"] and by["train-start"] and by["reply"]):
+            continue
+        pushed = by["pushed"][0]
+        out["push"].append(pushed - push["t"])
+        starts, ends, replies = by["train-start"], by["train-end"], by["reply"]
+        if by["acquired"]:
+            acq = by["acquired"]
+            out["to the SuperNode (Flower's idle pull, <= 3 s)"].append(sum(acq) / len(acq) - pushed)
+            out["ClientApp start"].append(sum(s - a for s, a in zip(sorted(starts), sorted(acq))) / len(starts))
+        else:
+            out["ClientApp start"].append(sum(starts) / len(starts) - pushed)
+        out["train"].append(sum(e - s for s, e in zip(sorted(starts), sorted(ends))) / len(ends))
+        out["reply back to the server"].append(sum(b - e for e, b in zip(sorted(ends), sorted(replies))) / len(replies))
+        out["server between rounds"].append(nxt["t"] - max(replies))
+        out["round"].append(nxt["t"] - push["t"])
+    return {k: sum(v) / len(v) for k, v in out.items() if v}
+
+
+class MachineLoad:
+    """The load average before and after, and the CPU seconds that processes already running
+    before the measurement (none of the benchmark's) took while it ran."""
+
+    def __enter__(self) -> MachineLoad:
+        self.before = os.getloadavg()
+        self.t0, self.ticks = time.monotonic(), self._ticks()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.after, self.elapsed = os.getloadavg(), time.monotonic() - self.t0
+        now = self._ticks()
+        hz = os.sysconf("SC_CLK_TCK")
+        self.others = sorted(((now[p][0] - t) / hz, cmd, p) for p, (t, cmd) in self.ticks.items()
+                             if p in now and p != os.getpid() and now[p][0] > t)[::-1]
+
+    @staticmethod
+    def _ticks() -> dict[int, tuple[int, str]]:
+        out = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                    cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:80]
+                except (OSError, IndexError):
+                    continue
+                out[int(entry.name)] = (int(fields[11]) + int(fields[12]), cmd)
+        return out
+
+    def report(self) -> str:
+        cpu = sum(s for s, _, _ in self.others)
+        lines = [f"# load average before {self.before[0]:.2f}, after {self.after[0]:.2f} (1 min); other processes "
+                 f"took {cpu:.1f} CPU s of the {self.elapsed:.0f} s measured"]
+        if self.before[0] > 0.5 or cpu > 0.05 * self.elapsed:
+            lines.append("# " + "!" * 78)
+            lines.append("# WARNING: OTHER WORK COMPETED FOR THE CPU DURING THIS MEASUREMENT: THE FIGURES ARE NOT A RESULT")
+            lines += [f"#   {s:7.1f} CPU s  pid {p}  {cmd}" for s, cmd, p in self.others[:8]]
+            lines.append("# " + "!" * 78)
+        else:
+            lines.append("# the machine was quiet: no other process took more than 5 % of the time")
+        return "\n".join(lines)
 
 
 def in_process(values: dict, name: str, nodes: int = 2) -> dict:
@@ -170,41 +296,74 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=0, help="override num-rounds (0: the setting's)")
     p.add_argument("--data-dir", default="data")
     p.add_argument("--deployment", action="store_true",
-                   help="also run a loopback deployment (TLS, 2 SuperNodes; needs openssl) of each setting")
+                   help="also run loopback deployments (TLS, 2 SuperNodes; needs openssl): warm + packed (the "
+                        "default), Flower's stock isolation, and plain Flower FedAvg")
+    p.add_argument("--only-deployment", action="store_true", help="with --deployment: leave out the flwr run and "
+                   "in-process ways (the engine stays: the reference)")
+    p.add_argument("--netns", action="store_true", help="deployments across network namespaces (root)")
     p.add_argument("--cross-device-one-per-node", action="store_true",
                    help="also run the cross-device setting with 1,000 SuperNodes (slow)")
     args = p.parse_args()
+    if args.rounds and args.deployment and args.rounds < 3:
+        p.error("--deployment needs --rounds >= 3 (rounds 2.. are the steady state)")
     os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
-    print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, torch {torch.__version__}, no GPU"
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPU cores, torch {torch.__version__}, no GPU"
           if not torch.cuda.is_available() else f"# {time.strftime('%Y-%m-%d')}, {torch.cuda.get_device_name(0)}")
-    for setting in args.settings.split(","):
-        work = Path(tempfile.mkdtemp(prefix=f"flower-speed-{setting}-"))
-        values = {"device": "cpu", "results-dir": str(work), "data-dir": str(Path(args.data_dir).resolve()),
-                  **SETTINGS[setting]}
-        if args.rounds:
-            values["num-rounds"] = args.rounds
-        n = values.get("num-clients", 8)
-        results = {}
+    with MachineLoad() as load:
+        for setting in args.settings.split(","):
+            run_setting(setting, args)
+    print(load.report())
+
+
+def run_setting(setting: str, args: argparse.Namespace) -> None:
+    work = Path(tempfile.mkdtemp(prefix=f"flower-speed-{setting}-"))
+    values = {"device": "cpu", "results-dir": str(work), "data-dir": str(Path(args.data_dir).resolve()),
+              **SETTINGS[setting]}
+    if args.rounds:
+        values["num-rounds"] = args.rounds
+    n = values.get("num-clients", 8)
+    where = " across network namespaces" if args.netns else ""
+    results = {}
+    if not args.only_deployment:
         if setting != "cross-device" or args.cross_device_one_per_node:
             results["flwr run, 1 client a node"] = ("one", flwr(values, n, work, "one"))
         results["flwr run, multi-client nodes (2)"] = ("multi", flwr(values, None, work, "multi"))
-        if args.deployment:
-            results["deployment, 2 SuperNodes (TLS)"] = ("deployed", deployment(values, work, "deployed"))
+    if args.deployment:
+        results[f"deployed{where}: warm runner + packed"] = ("deployed", deployment(values, work, "deployed",
+                                                                                    netns=args.netns))
+        results[f"deployed{where}: Flower's subprocess isolation"] = (
+            "stock", deployment(values, work, "stock", isolation="subprocess", netns=args.netns))
+        if setting == "default":
+            results[f"plain Flower FedAvg deployed{where}"] = (
+                None, deployment(values, work, "plain", isolation="subprocess", netns=args.netns, app=PLAIN_APP))
+    if not args.only_deployment:
         results["in process, 2 nodes (no transport)"] = ("inprocess", in_process(values, "inprocess"))
-        results["engine"] = ("engine", engine(values, "engine"))
-        base = results["engine"][1]
-        rounds = values.get("num-rounds", 20)
-        print(f"\n## {setting}: {n} clients" + (f", {values['clients-per-round']} a round" if "clients-per-round" in
-                                                   values else "") + f", {rounds} rounds")
-        print(f"{'way':38s} {'whole s':>8s} {'x engine':>9s} {'s/round':>8s} {'x engine':>9s} {'beyond':>8s}"
-              f" {'peak MiB':>9s}  final test accuracy  model == engine")
+    results["engine"] = ("engine", engine(values, "engine"))
+    base = results["engine"][1]
+    rounds = values.get("num-rounds", 20)
+    print(f"\n## {setting}: {n} clients" + (f", {values['clients-per-round']} a round" if "clients-per-round" in
+                                               values else "") + f", {rounds} rounds")
+    steady_note = " (deployments: rounds 2..)" if args.deployment else ""
+    print(f"{'way':50s} {'whole s':>8s} {'x engine':>9s} {'s/round':>8s} {'x engine':>9s} {'beyond':>8s}"
+          f" {'peak MiB':>9s}  final test accuracy  model == engine")
+    for label, (name, r) in results.items():
+        same = same_model(work, name, "engine") if name else "n/a"
+        acc = r["rows"][-1].get("test-accuracy") if r["rows"] else None
+        print(f"{label:50s} {r['whole']:8.1f} {r['whole'] / base['whole']:9.2f} {r['round']:8.3f} "
+              f"{r['round'] / base['round']:9.2f} {r['round'] - base['round']:8.3f} {r['peak'] / 2**20:9.0f}"
+              f"  {'-' if acc is None else f'{acc:.4f}':>19}  {same}")
+    print(f"s/round{steady_note}: the results rows' training clock; beyond: seconds a round beyond the engine's")
+    plain = next((r for label, (name, r) in results.items() if name is None), None)
+    if plain is not None:
         for label, (name, r) in results.items():
-            same = same_model(work, name, "engine")
-            acc = r["rows"][-1].get("test-accuracy")
-            print(f"{label:38s} {r['whole']:8.1f} {r['whole'] / base['whole']:9.2f} {r['round']:8.3f} "
-                  f"{r['round'] / base['round']:9.2f} {r['round'] - base['round']:8.3f} {r['peak'] / 2**20:9.0f}"
-                  f"  {acc if acc is None else f'{acc:.4f}':>19}  {same}")
-        print("beyond: seconds a round beyond the engine's (Flower's polling floor in 1.42: ~0.2 s)")
+            if name in ("deployed", "stock"):
+                print(f"{label}: {r['round'] / plain['round']:.2f} x plain Flower FedAvg's s/round "
+                      f"(first round {r['first']:.1f} s; plain's {plain['first']:.1f} s)")
+    for label, (name, r) in results.items():
+        if r.get("parts"):
+            print(f"\n{label}, mean seconds a round (rounds 2..; nodes overlap, so parts need not add up):")
+            for part, sec in r["parts"].items():
+                print(f"  {part:48s} {sec:7.3f}")
 
 
 if __name__ == "__main__":

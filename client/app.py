@@ -19,13 +19,16 @@ from flwr.clientapp import ClientApp
 
 from strategies.clientapp import round_settings
 from strategies.core import client_sampling
+from strategies.flower_api.packing import is_packed, unpack
 from strategies.flower_api.wire import exchange_of, reply_of
 from strategies.methods import client_side
 from tasks import cached_task, partitions
 from tasks.config import RunConfig
 from tasks.device import pick_device
 from tasks.protocol import is_stateful, state_to_cpu
+from tasks.runs import stamps
 
+from .host_share import use_host_share
 from .local_data import KEY as LOCAL_DATA
 from .local_data import local_data
 from .local_round import client_round
@@ -111,6 +114,8 @@ def node_partition(context: Context, cfg: RunConfig) -> int:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
+    use_host_share(context)  # deployed: torch threads = this node's share of the host's cores
+    stamps.mark("train-start", round=msg.metadata.group_id)
     cfg = run_config(context)
     local = local_data(context.node_config, cfg)  # the host's own data (node config local-data)
     settings = round_settings(msg)  # an error naming every missing key when another strategy drives this app
@@ -142,19 +147,25 @@ def train(msg: Message, context: Context) -> Message:
     named = not local or local.partition_id is not None
     # partition-id and server-round echoed: the server rejects a reply naming another client or round
     extras = [({"partition-id": pid} if named else {}) | {"server-round": settings.server_round} for pid in pids]
-    return reply_of(msg, results, extras, multi=multi)
+    reply = reply_of(msg, results, extras, multi=multi, packed=is_packed(msg.content))  # answered as asked
+    stamps.mark("train-end", round=msg.metadata.group_id)
+    return reply
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Loss and accuracy of the received model on this client's own partition."""
+    use_host_share(context)
     cfg = run_config(context)
     local = local_data(context.node_config, cfg)
     task, parts = (local.task, [local.indices]) if local else (
         cached_task(cfg), [partitions(cfg)[p] for p in node_clients(context, cfg)])
     device = pick_device(cfg.device)
     model = task.build_model().to(device)
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    content, why = unpack(msg.content)
+    if why is not None:
+        raise ValueError(why)
+    model.load_state_dict(content["arrays"].to_torch_state_dict())
     each = [(task.evaluate_indices(model, device, idx), len(idx)) for idx in parts]
     total = sum(n for _, n in each)
     metrics = dict(each[0][0]) if len(each) == 1 else {  # a node's clients together, weighted by their examples

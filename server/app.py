@@ -71,6 +71,7 @@ def build_strategy(cfg: RunConfig, train_size: int, **reply_checks: Any) -> Clip
         # every online node trains; a round needs min-replies of them (fault tolerance)
         min_train_nodes=cfg.required_replies, min_available_nodes=cfg.required_replies,
         train_metrics_aggr_fn=strategy_metrics_only,
+        packed=True,  # this project's ClientApp: a message's arrays as one packed record each way (strategies.flower_api.packing)
     )
 
 
@@ -284,6 +285,8 @@ def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path, wrap: Wrap | None = 
 
     final = arrays
     if done < last:
+        if wrap is not None:  # a Flower wrapper reads and rewrites the replies' ArrayRecords: Flower's usual format
+            strategy.packed = False
         outer = wrap(strategy) if wrap is not None else strategy
         runner = ResumedStrategy(outer, done) if done else outer
         result = runner.start(

@@ -35,6 +35,7 @@ Whether a round with failures may proceed (``min-replies``) is decided by the Se
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable
 from logging import WARNING
@@ -47,6 +48,7 @@ from flwr.supercore.run import Run
 
 from strategies.core.client_sampling import node_clients
 from strategies.flower_api.wire import CLIENTS_KEY
+from tasks.runs import stamps
 
 #: the longest wait between two pulls of a round's replies (seconds); after a reply, the next
 #: pull comes after ``FIRST_WAIT``, doubling while nothing arrives (measured in simulation,
@@ -54,6 +56,34 @@ from strategies.flower_api.wire import CLIENTS_KEY
 #: 0.027 s with 0.05 s; a fixed 0.5 s wait cost 0.28 s a round)
 POLL = 0.05
 FIRST_WAIT = 0.005
+
+
+#: seconds before the ServerApp asks the SuperLink again for an object of a reply that is not
+#: stored yet (doubling up to 1 s); Flower 1.42's HttpGrid waits 1 s (``PULL_INITIAL_BACKOFF``)
+OBJECT_RETRY = 0.02
+
+
+def quick_object_pulls() -> None:
+    """Make Flower 1.42's ``HttpGrid`` retry an unavailable object after ``OBJECT_RETRY`` s.
+
+    A SuperNode sends a reply's message before its objects, and the ServerApp's next pull can
+    find the message with its objects still on their way: ``HttpGrid.pull_messages`` then waits
+    Flower's first backoff, 1 s, whatever remains to arrive (measured on a deployed round: the
+    reply reached the ServerApp 1-2 s after the ClientApp pushed it). Flower has no setting for
+    it; this swaps the ``pull_objects`` that ``flwr.superlink.grid.http_grid`` calls for the same
+    function with a short first backoff, in this ServerApp process only (deployment; simulation
+    pulls from memory). It fails loudly if a Flower version moves the function."""
+    from flwr.superlink.grid import http_grid
+    from flwr.supercore.inflatable import inflatable_utils
+
+    current = http_grid.pull_objects
+    if getattr(current, "keywords", {}).get("initial_backoff") == OBJECT_RETRY:
+        return
+    if current is not inflatable_utils.pull_objects:
+        raise RuntimeError("flwr.superlink.grid.http_grid.pull_objects is not Flower 1.42's pull_objects: "
+                           "quick_object_pulls needs revisiting for this Flower version")
+    http_grid.pull_objects = functools.partial(inflatable_utils.pull_objects, initial_backoff=OBJECT_RETRY,
+                                               backoff_cap=1.0)
 
 
 class NotEnoughNodes(RuntimeError):
@@ -68,6 +98,8 @@ class WatchedGrid(Grid):
             raise ValueError(f"min_clients >= 1, node_wait > 0 and poll > 0 required, got {min_clients}, {node_wait}, "
                              f"{poll}")
         self.inner = grid
+        if type(grid).__name__ == "HttpGrid":  # deployment: replies' objects retried quickly
+            quick_object_pulls()
         self.min_clients = min_clients
         self.spread: int | None = None  # nodes of the federation (None: one client per node)
         self.num_clients: int | None = None
@@ -190,7 +222,9 @@ class WatchedGrid(Grid):
             for msg in messages:
                 msg.metadata.ttl = float(timeout)
         dst = [m.metadata.dst_node_id for m in messages]
+        stamps.mark("push", round=_round_of(messages[0]), messages=len(messages))
         ids = list(self.inner.push_messages(messages))
+        stamps.mark("pushed", round=_round_of(messages[0]))
         pending = {mid: node for mid, node in zip(ids, dst, strict=True) if mid}
         sent_round = {mid: _round_of(m) for mid, m in zip(ids, messages, strict=True) if mid}
         named = {mid: _clients_of(m) for mid, m in zip(ids, messages, strict=True) if mid}
@@ -207,6 +241,7 @@ class WatchedGrid(Grid):
                 node = pending.pop(mid, None)
                 if node is None:
                     continue
+                stamps.mark("reply", node=node)
                 got, clients = True, named.get(mid)
                 if reply.has_error():
                     self._fail(node, self._reason(reply, timeout), clients)

@@ -29,6 +29,7 @@ from flwr.app import ArrayRecord, Message, MessageType
 
 from strategies.core.bound import max_displacement, norm
 from strategies.core.settings import RoundSettings
+from strategies.flower_api.packing import is_packed, pack, unpack
 
 from .loopback import LoopbackGrid
 
@@ -45,12 +46,16 @@ def lie(attack: str, msg: Message, reply: Message, scale: float = 0.999) -> None
     """Rewrite ``reply`` (to the train message ``msg``) as ``attack`` does; in place."""
     if attack not in ATTACKS:
         raise ValueError(f"attack must be one of {', '.join(ATTACKS)}, got {attack!r}")
-    if reply.has_error() or "arrays" not in reply.content.array_records:
+    if reply.has_error():
         return
-    state = reply.content["arrays"].to_torch_state_dict()
+    packed = is_packed(reply.content)
+    content, sent = unpack(reply.content)[0], unpack(msg.content)[0]  # a liar speaks the wire format it was sent
+    if "arrays" not in content.array_records:
+        return
+    state = content["arrays"].to_torch_state_dict()
     if attack in ("sign-flip", "bias-push"):
-        x0 = msg.content["arrays"].to_torch_state_dict()
-        s = RoundSettings.from_config(dict(msg.content["config"]))
+        x0 = sent["arrays"].to_torch_state_dict()
+        s = RoundSettings.from_config(dict(sent["config"]))
         keys = trainable_keys(x0)
         bound = max_displacement(s.local_steps, s.lr, s.clip, s.weight_decay, s.momentum, norm(x0, keys))
         if not math.isfinite(bound):  # no bound (unclipped): as far as the honest client moved
@@ -68,7 +73,8 @@ def lie(attack: str, msg: Message, reply: Message, scale: float = 0.999) -> None
                          "bn-count-max": ("num_batches_tracked", 2**63 - 1)}[attack]
         for k in [k for k in state if k.endswith(suffix)]:
             state[k] = torch.full_like(state[k], value)
-    reply.content["arrays"] = ArrayRecord(state)
+    content["arrays"] = ArrayRecord(state)
+    reply.content = pack(content) if packed else content
 
 
 class LyingGrid(LoopbackGrid):
@@ -96,8 +102,8 @@ def install(attack: str | Callable[[], str]) -> None:
 
     honest = wire.reply_of
 
-    def reply_of(msg, results, extras, multi=False):
-        reply = honest(msg, results, extras, multi=multi)
+    def reply_of(msg, results, extras, multi=False, packed=False):
+        reply = honest(msg, results, extras, multi=multi, packed=packed)
         if msg.metadata.message_type == MessageType.TRAIN and not multi:
             lie(attack() if callable(attack) else attack, msg, reply)
         return reply

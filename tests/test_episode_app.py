@@ -21,6 +21,7 @@ from simulations.loopback import LoopbackGrid, run_server_app
 from strategies.core import bound
 from strategies.core.episode_corrections import CORRECTION_KEY, RESAMPLE_MODE, resample_seed
 from strategies.flower_api.episode_strategy import EPISODE
+from strategies.flower_api.packing import pack, unpack
 from tasks import load_task
 from tasks.config import RunConfig
 from tasks.runs.results import load_weights, read_results
@@ -88,10 +89,10 @@ def test_flower_path_equals_the_papers_algorithm(tmp_path, mlp_digits, mlp, n, c
     assert [r["clip-fraction"] for r in rows[1:]] == [float(d) for d in decisions]
     for k, v in ref.items():
         assert torch.allclose(fed[k], v, atol=1e-6, rtol=1e-5), k
-    sent = [m for m in grid.sent if m.metadata.message_type == "train"]
-    modes = [m.content["config"]["mode"] for m in sent]
+    sent = [unpack(m.content)[0] for m in grid.sent if m.metadata.message_type == "train"]  # as the client reads them
+    modes = [c["config"]["mode"] for c in sent]
     assert modes == ([RESAMPLE_MODE] * n + ["episode"] * n) * 2  # two exchanges a round
-    corrections = [m.content[CORRECTION_KEY].to_torch_state_dict() for m in sent if CORRECTION_KEY in m.content]
+    corrections = [c[CORRECTION_KEY].to_torch_state_dict() for c in sent if CORRECTION_KEY in c]
     if n == 1:  # the reduction: no correction, SGD or normalised SGD chosen by |G_r|
         assert all(torch.count_nonzero(t) == 0 for c in corrections for t in c.values())
     else:
@@ -117,7 +118,8 @@ def test_identical_client_data_gives_no_correction(tmp_path, mlp_digits, monkeyp
 
     monkeypatch.setattr(client.local_round, "partitions", identical)
     values, grid, _, rows, fed = run_flower(tmp_path, "same", 3, **cfg_values)
-    corrections = [m.content[CORRECTION_KEY].to_torch_state_dict() for m in grid.sent if CORRECTION_KEY in m.content]
+    sent = [unpack(m.content)[0] for m in grid.sent]  # as the client reads them
+    corrections = [c[CORRECTION_KEY].to_torch_state_dict() for c in sent if CORRECTION_KEY in c]
     assert len(corrections) == 6
     assert max(float(t.abs().max()) for c in corrections for t in c.values()) < 1e-6
     assert [r["clip-fraction"] for r in rows[1:]] == [1.0, 1.0]
@@ -139,7 +141,7 @@ def test_a_client_whose_resample_failed_is_left_out(tmp_path, mlp_digits):
     grid = LoopbackGrid(flaky, values, 3)
     run_server_app(server_app, grid)
     _, rows = read_results(tmp_path / "flaky" / "results.jsonl")
-    second = [m for m in grid.sent if m.metadata.message_type == "train" and CORRECTION_KEY in m.content]
+    second = [m for m in grid.sent if m.metadata.message_type == "train" and CORRECTION_KEY in unpack(m.content)[0]]
     assert sorted(m.metadata.dst_node_id for m in second) == [1000, 1002]
     assert rows[1]["replies"] == 2 and rows[1]["resample-failures"] == 1
 
@@ -151,9 +153,11 @@ def test_an_unsound_resample_is_rejected_and_named_in_the_rows(tmp_path, mlp_dig
         reply = client_app(msg, context)
         if msg.metadata.message_type == "train" and msg.content["config"].get("mode") == RESAMPLE_MODE \
                 and context.node_config["partition-id"] == 1:
-            grads = reply.content["grads"].to_torch_state_dict()
+            content = unpack(reply.content)[0]  # the lie in the reply's own wire format
+            grads = content["grads"].to_torch_state_dict()
             grads[next(iter(grads))].fill_(float("nan"))
-            reply.content["grads"] = ArrayRecord(grads)
+            content["grads"] = ArrayRecord(grads)
+            reply.content = pack(content)
         return reply
 
     values = {**RunConfig().to_mapping(), "algorithm": "episode", "num-clients": 3, "device": "cpu", "local-steps": 2,
@@ -215,8 +219,8 @@ def test_an_honest_heterogeneous_run_is_never_rejected_and_equals_the_engine(run
         reply = client_app(msg, context)
         config = msg.content["config"] if msg.metadata.message_type == "train" else {}
         if config.get("mode") == "episode":
-            glob = msg.content["arrays"].to_torch_state_dict()
-            state = reply.content["arrays"].to_torch_state_dict()
+            glob = unpack(msg.content)[0]["arrays"].to_torch_state_dict()
+            state = unpack(reply.content)[0]["arrays"].to_torch_state_dict()
             keys = [k for k in glob if k.endswith(("weight", "bias")) and "running" not in k]
             ratio = bound.displacement(state, glob, keys) / (config["local-steps"] * config["clip"])
             moved.setdefault(config["server-round"], []).append(ratio)

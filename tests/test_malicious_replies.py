@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from deploy_support import DEPLOY_CONFIG, FaultyGrid, assert_same_weights
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from client.app import app as client_app
 from server.app import FederationError
 from server.app import app as server_app
 from simulations.loopback import run_server_app
+from strategies.flower_api.packing import PACKED, PAYLOAD, is_packed, pack, unpack
 from tasks.config import RunConfig
 from tasks.runs.results import read_results
 
@@ -26,16 +28,21 @@ class TamperingGrid(FaultyGrid):
     """Delivers every message to the real ClientApp, then lets ``tamper`` rewrite the train
     reply of partition BAD_PARTITION in round BAD_ROUND (what a lying client sends)."""
 
-    def __init__(self, *args, tamper, **kwargs) -> None:
+    def __init__(self, *args, tamper, raw: bool = False, **kwargs) -> None:
         super().__init__(*args, failures={}, **kwargs)
-        self.tamper = tamper
+        self.tamper, self.raw = tamper, raw  # raw: tamper with the packed wire content itself
 
     def _deliver(self, msg):
         reply = super()._deliver(msg)
         pid = self.nodes[msg.metadata.dst_node_id].get("partition-id")
         if msg.metadata.message_type == "train" and pid == BAD_PARTITION and not reply.has_error() and \
                 int(msg.content["config"]["server-round"]) == BAD_ROUND:
+            packed = is_packed(reply.content) and not self.raw
+            if packed:  # the lie is told in the reply's own wire format (strategies.flower_api.packing)
+                reply.content = unpack(reply.content)[0]
             self.tamper(reply)
+            if packed:
+                reply.content = pack(reply.content)
         return reply
 
 
@@ -124,6 +131,42 @@ NAIVE_CASES = {
                                              f"buffers: {COUNT} is 9223372036854775807, but 1 training forward from"),
     "buffers: running_var negative": (set_key(VAR, lambda v: -v, "buffers"), f"buffers: {VAR} holds negative values"),
 }
+
+
+def wire(fn):
+    """Rewrite the packed payload itself (the reply as it travels; ``raw`` tampering)."""
+    def tamper(reply):
+        assert is_packed(reply.content), "this project's ServerApp and ClientApp exchange packed messages"
+        payload = reply.content[PACKED][PAYLOAD].numpy()
+        reply.content[PACKED] = ArrayRecord({PAYLOAD: Array(np.ascontiguousarray(fn(payload)))})
+    return tamper
+
+
+def plain_beside_packed(reply):
+    assert is_packed(reply.content)
+    reply.content["arrays"] = ArrayRecord({"w": Array(np.zeros(2, dtype=np.float32))})
+
+
+# the packed wire format lied about: rejected like any malformed reply
+WIRE_CASES = {
+    "payload cut short": (wire(lambda p: p[: len(p) // 2]), "packed arrays could not be read: the layout asks for more"),
+    "bytes beyond the layout": (wire(lambda p: np.concatenate([p, np.zeros(4, np.uint8)])),
+                                "4 bytes sent beyond the layout"),
+    "not this project's header": (wire(lambda p: np.concatenate([np.zeros(8, np.uint8), p[8:]])), "packing header"),
+    "plain arrays beside packed ones": (plain_beside_packed, "a packed message carries no other ArrayRecord"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WIRE_CASES))
+def test_a_malformed_packed_reply_is_rejected_and_the_run_equals_a_failed_client(case, tmp_path, failed_reference):
+    tamper, reason = WIRE_CASES[case]
+    folder = run(tmp_path, "run", TamperingGrid, tamper=tamper, raw=True)
+    _, rows = read_results(folder / "results.jsonl")
+    bad = rows[BAD_ROUND]
+    assert bad["replies"] == 2 and bad["rejected-replies"] == 1, bad
+    assert any(f.startswith(f"partition {BAD_PARTITION}: rejected, ") and reason in f for f in bad["failures"]), \
+        bad["failures"]
+    assert_same_weights(folder, failed_reference)
 
 
 def run(folder, name, grid_cls, config=None, **kw):

@@ -11,9 +11,10 @@
 #                    source SuperLink) and the Runtime API on ONE address: expose only the
 #                    Fleet API to client hosts with start_proxy.sh. Any other address warns.
 #   --port PORT      the one port of the Fleet, Control and Runtime APIs (default 9093)
-#   --database FILE  SuperLink state (registered SuperNodes, runs); keep it across restarts,
-#                    or every SuperNode must be registered again (default
-#                    $FLWR_HOME/superlink-state.db; FLWR_HOME defaults to ~/.flwr)
+#   --database FILE  keep the SuperLink's state (registered SuperNodes, runs, messages) in
+#                    FILE, across restarts of the SuperLink; default: in memory (faster, and
+#                    this project's resume uses its own checkpoint, not Flower's state), so a
+#                    restarted SuperLink needs every SuperNode registered again
 #   --insecure       NO TLS and NO SuperNode authentication (Flower cannot authenticate
 #                    SuperNodes without TLS): anyone who reaches the port can join and read
 #                    the model. Only for throw-away experiments on a trusted network.
@@ -38,9 +39,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ "$port" =~ ^[0-9]+$ ]] || { echo "start_superlink.sh: --port must be a number, got $port" >&2; exit 2; }
-home="${FLWR_HOME:-$HOME/.flwr}"
-mkdir -p "$home"
-database="${database:-$home/superlink-state.db}"
+database="${database:-:flwr-in-memory:}"
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 case "$host" in
   127.*|localhost|::1) ;;

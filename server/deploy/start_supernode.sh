@@ -4,6 +4,7 @@
 # Usage: start_supernode.sh --superlink HOST:PORT --ca FILE --key FILE
 #                           (--partition I --num-partitions N | --local-data DIR)
 #                           [--port PORT] [--rejoin-retries K] [--rejoin-delay S]
+#                           [--isolation warm|subprocess] [--threads N|auto]
 #                           [--insecure] [-- EXTRA flower-supernode ARGS]
 #
 #   --superlink HOST:PORT   the SuperLink (a name or IP in its certificate's subjectAltName)
@@ -19,10 +20,20 @@
 #   --rejoin-retries K      if the SuperLink refuses the connection (it still counts a crashed
 #                           predecessor as online: up to 2 missed 30 s heartbeats), try again
 #                           up to K times, --rejoin-delay S seconds apart (default 0 / 15)
+#   --isolation MODE        warm (default): the SuperNode runs with Flower's --isolation process
+#                           and this project's warm runner (client/warm_runner.py) runs
+#                           its ClientApps from warm processes (flwr, torch, the app and the
+#                           task's data loaded once a run; see docs/DEPLOY.md for what it
+#                           isolates); subprocess: Flower's stock path, a new flwr-clientapp
+#                           process per message
+#   --threads N|auto        torch threads of a ClientApp (default auto: the host's cores divided
+#                           by the SuperNodes running on it, at least 1, counted at the node's
+#                           first message of a run and kept for the run: results depend on it)
 #   --insecure              no TLS, no authentication (needs a SuperLink started --insecure)
 set -euo pipefail
 
 superlink="" ca="" key="" partition="" num="" local_data="" port=9094 retries=0 delay=15 insecure=0 extra=()
+isolation=warm threads=auto
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --superlink) superlink="$2"; shift 2 ;;
@@ -34,9 +45,11 @@ while [[ $# -gt 0 ]]; do
     --port) port="$2"; shift 2 ;;
     --rejoin-retries) retries="$2"; shift 2 ;;
     --rejoin-delay) delay="$2"; shift 2 ;;
+    --isolation) isolation="$2"; shift 2 ;;
+    --threads) threads="$2"; shift 2 ;;
     --insecure) insecure=1; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "start_supernode.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -44,6 +57,8 @@ die() { echo "start_supernode.sh: $*" >&2; exit 2; }
 [[ -n "$superlink" ]] || die "--superlink HOST:PORT is required"
 for v in port retries delay; do [[ "${!v}" =~ ^[0-9]+$ ]] || die "--${v/retries/rejoin-retries} must be an integer >= 0"; done
 [[ -z "$partition" || "$partition" =~ ^[0-9]+$ ]] || die "--partition must be an integer >= 0, got $partition"
+[[ "$isolation" == warm || "$isolation" == subprocess ]] || die "--isolation must be warm or subprocess, got $isolation"
+[[ "$threads" == auto || "$threads" =~ ^[1-9][0-9]*$ ]] || die "--threads must be an integer >= 1 or auto, got $threads"
 
 node_config=""
 if [[ -n "$local_data" ]]; then
@@ -59,6 +74,7 @@ else
 fi
 
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+export CELGC_TORCH_THREADS="$threads"  # read by the ClientApp (client/app.py), on either isolation
 args=(--superlink "$superlink" --port "$port" --node-config "$node_config")
 if [[ $insecure -eq 1 ]]; then
   echo "WARNING: start_supernode.sh --insecure: no TLS and no SuperNode authentication." >&2
@@ -69,18 +85,35 @@ else
   args=(--root-certificates "$ca" --auth-supernode-private-key "$key" "${args[@]}")
 fi
 bin="${FLWR_BIN_DIR:+$FLWR_BIN_DIR/}flower-supernode"
-if [[ $retries -eq 0 ]]; then
+if [[ $isolation == subprocess && $retries -eq 0 ]]; then
   exec "$bin" "${args[@]}" "${extra[@]}"
 fi
+# the warm runner runs with the interpreter of the environment flower-supernode belongs to
+python="$(dirname "$(command -v "$bin")")/python"
+[[ -x "$python" ]] || python=python3
+runner_py="$(cd "$(dirname "$0")/../.." && pwd)/client/warm_runner.py"  # run as a file: it imports nothing of the project
+[[ $isolation == subprocess || -f "$runner_py" ]] || die "--isolation warm needs $runner_py (this project's checkout)"
 
-# Rejoin loop: flower-supernode exits 1 on errors (e.g. "Failed to activate SuperNode"), 0 or
-# 128+N when asked to stop: only 1 is retried.
-child=""
-trap '[[ -n "$child" ]] && kill -TERM "$child" 2>/dev/null; wait; exit 143' TERM INT
+# One SuperNode (and, warm, its runner) at a time; flower-supernode exits 1 on errors (e.g.
+# "Failed to activate SuperNode"), 0 or 128+N when asked to stop: only 1 is retried.
+node="" runner=""
+stop_all() {
+  [[ -n "$node" ]] && kill -TERM "$node" 2>/dev/null
+  [[ -n "$runner" ]] && kill -TERM "$runner" 2>/dev/null
+  wait
+}
+trap 'stop_all; exit 143' TERM
+trap 'stop_all; exit 130' INT
 for ((attempt = 0; ; attempt++)); do
-  "$bin" "${args[@]}" "${extra[@]}" & child=$!
-  set +e; wait "$child"; rc=$?; set -e
-  child=""
+  if [[ $isolation == warm ]]; then
+    "$bin" --isolation process "${args[@]}" "${extra[@]}" & node=$!
+    "$python" "$runner_py" --runtime-api-address "127.0.0.1:$port" --insecure --parent-pid "$node" & runner=$!
+  else
+    "$bin" "${args[@]}" "${extra[@]}" & node=$!
+  fi
+  set +e; wait "$node"; rc=$?; set -e
+  node=""
+  if [[ -n "$runner" ]]; then kill -TERM "$runner" 2>/dev/null || true; wait "$runner" 2>/dev/null || true; runner=""; fi
   if [[ $rc -ne 1 || $attempt -ge $retries ]]; then exit "$rc"; fi
   echo "start_supernode.sh: SuperLink refused the connection; retry $((attempt + 1))/$retries in ${delay}s" >&2
   sleep "$delay"

@@ -109,7 +109,7 @@ class Deployment:
     """
 
     def __init__(self, root: str | Path, *, num_keys: int = 2, netns: Namespaces | None = None,
-                 port: int | None = None, insecure: bool = False, proxy: bool = False) -> None:
+                 port: int | None = None, insecure: bool = False, proxy: bool = False, state_file: bool = True) -> None:
         if proxy and insecure:
             raise ValueError("Deployment: proxy=True needs TLS (the proxy presents server.crt); drop insecure=True")
         self.root = Path(root).resolve()
@@ -118,6 +118,7 @@ class Deployment:
         self.insecure = insecure
         self.host = netns.server_ip if netns else "127.0.0.1"
         self.proxy = proxy
+        self.state_file = state_file  # False: the SuperLink keeps its state in memory (start_superlink.sh's default)
         self.port = port or free_port()  # where SuperNodes connect: the SuperLink, or the proxy
         self.address = f"{self.host}:{self.port}"
         # the SuperLink's own port; behind the proxy it listens on the server's loopback only
@@ -164,13 +165,15 @@ class Deployment:
         """start_superlink.sh on ``port`` with a persistent database; waits until it serves.
 
         Called again after the SuperLink died, it restarts it on the same port, database and
-        working directory (a restarted server host): registrations survive, SuperNodes reconnect.
+        working directory (a restarted server host): registrations survive (``state_file``),
+        SuperNodes reconnect.
         """
         # loopback behind the proxy; on namespaces without it, every interface (an open
         # Control API: start_superlink.sh warns)
         host = "127.0.0.1" if self.proxy else "0.0.0.0" if self.netns else self.host
-        args = ["--host", host, "--port", str(self.link_port),
-                "--database", str(self.root / "superlink-state.db")]
+        args = ["--host", host, "--port", str(self.link_port)]
+        if self.state_file:
+            args += ["--database", str(self.root / "superlink-state.db")]
         args += ["--insecure"] if self.insecure else ["--certs", str(self.certs)]
         name = "superlink" if self.superlink is None else f"superlink-{len(self.procs)}"
         self.superlink = self._start(name, "start_superlink.sh", args, self.netns.server if self.netns else None,

@@ -26,7 +26,8 @@ from ..core.buffers import Norm, check_buffers, rules_from_keys
 from ..methods.algorithm import Algorithm
 from ..methods.reduce import ClientResults
 from ..methods.round import GROUP_KINDS, Exchange, Round
-from .wire import Reply, client_results, is_multi, read_content, read_reply, split_reply
+from .packing import unpack
+from .wire import Reply, client_results, is_multi, read_content, split_reply
 
 
 @dataclass(frozen=True)
@@ -59,20 +60,25 @@ def screen(rnd: Round, exchange: Exchange, replies: Sequence[Message], algorithm
     the order of the clients' ids."""
     groups = algorithm.reply_groups(exchange.mode)
     settings = exchange.settings if checks.verify_examples else None
+    unpacked = [(m.metadata.src_node_id, *unpack(m.content)) for m in replies]  # packed replies read as sent
     if holders is None:
-        read = [read_reply(m, groups, weighted_by_key=checks.weighted_by_key, settings=settings) for m in replies]
+        read = [Reply(node, content, reason=why) if why else
+                read_content(node, content, groups, weighted_by_key=checks.weighted_by_key, settings=settings)
+                for node, content, why in unpacked]
     elif not is_multi(holders):  # one client a node, the plain format: the reply is its client's
-        read = [read_content(holders[m.metadata.src_node_id][0], m.content, groups,
-                             weighted_by_key=checks.weighted_by_key, settings=settings)
-                for m in replies if m.metadata.src_node_id in holders]
+        read = [Reply(holders[node][0], content, reason=why) if why else
+                read_content(holders[node][0], content, groups, weighted_by_key=checks.weighted_by_key,
+                             settings=settings)
+                for node, content, why in unpacked if node in holders]
         read.sort(key=lambda r: r.node)
     else:
         read = []
-        for msg in replies:
-            node = msg.metadata.src_node_id
-            parts, strays = split_reply(msg.content, holders.get(node, []))
+        for node, content, why in unpacked:
+            parts, strays = split_reply(content, holders.get(node, []))
             for pid, part in parts.items():
-                if strays:
+                if why:
+                    read.append(Reply(pid, part, reason=f"its node's reply: {why}"))
+                elif strays:
                     read.append(Reply(pid, part, reason=f"the reply of its node carries records {strays} of no client "
                                                         "of the message"))
                 elif not part:

@@ -178,6 +178,7 @@ class ClippedSGDStrategy(FedAvg):
         local_steps: int = DEFAULTS.local_steps,
         population: int | None = None,
         exchange_timeout: float | None = None,
+        packed: bool = False,
         **fedavg_kwargs: Any,
     ) -> None:
         if num_clients is not None:
@@ -213,6 +214,7 @@ class ClippedSGDStrategy(FedAvg):
         self.select = select
         self.assign = assign
         self.exchange_timeout = exchange_timeout
+        self.packed = bool(packed)
         self._round: tuple[Round, Any, Exchange, dict | None] | None = None  # the round configure_train started
         self._last_start: tuple[int, dict, list[int]] | None = None
         self._config = ConfigRecord()
@@ -361,7 +363,7 @@ class ClippedSGDStrategy(FedAvg):
 
     def _messages(self, exchange: Exchange, arrays: ArrayRecord, holders: dict | None = None) -> list[Message]:
         return messages(exchange, arrays, self._config, arrayrecord_key=self.arrayrecord_key,
-                        configrecord_key=self.configrecord_key, holders=holders)
+                        configrecord_key=self.configrecord_key, holders=holders, packed=self.packed)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

@@ -33,6 +33,7 @@ from ..core.settings import RoundSettings
 from ..methods.algorithm import Exchange
 from ..methods.reduce import ClientResults, per_client
 from ..methods.replies import parse_metrics
+from .packing import pack, unpack
 
 
 @dataclass
@@ -62,9 +63,20 @@ def _arrays(state: Mapping[str, torch.Tensor]) -> ArrayRecord:
 
 def messages(exchange: Exchange, arrays: ArrayRecord, config: ConfigRecord, *, arrayrecord_key: str,
              configrecord_key: str, message_type: str = MessageType.TRAIN,
-             holders: Mapping[int, Sequence[int]] | None = None) -> list[Message]:
+             holders: Mapping[int, Sequence[int]] | None = None, packed: bool = False) -> list[Message]:
     """One Message per client of ``exchange``, or with ``holders`` (node -> the exchange's clients
-    it serves) one per node (the caller's ``config`` is copied, never changed)."""
+    it serves) one per node (the caller's ``config`` is copied, never changed); ``packed``: each
+    message's arrays as one packed record (``strategies.flower_api.packing``, for this project's ClientApp)."""
+    out = _messages(exchange, arrays, config, arrayrecord_key=arrayrecord_key, configrecord_key=configrecord_key,
+                    message_type=message_type, holders=holders)
+    if packed:
+        for msg in out:
+            msg.content = pack(msg.content)
+    return out
+
+
+def _messages(exchange: Exchange, arrays: ArrayRecord, config: ConfigRecord, *, arrayrecord_key: str,
+              configrecord_key: str, message_type: str, holders: Mapping[int, Sequence[int]] | None) -> list[Message]:
     own = ConfigRecord(dict(config))
     for key, value in exchange.settings.to_config().items():
         own[key] = value
@@ -200,8 +212,11 @@ def exchange_of(msg: Message, settings: RoundSettings) -> Exchange:
     the one named ``arrays`` beside the per-client records, e.g. ``correction``), the
     ``settings`` and the per-client arrays. A message to a multi-client node (``clients`` in its
     config) names its clients, ``ids`` of the exchange; otherwise the exchange has one client,
-    id -1 (the node's own)."""
-    records = msg.content.array_records
+    id -1 (the node's own). A packed message (``strategies.flower_api.packing``) is read as the one it packs."""
+    content, why = unpack(msg.content)
+    if why is not None:
+        raise ValueError(why)
+    records = content.array_records
     config = next(iter(msg.content.config_records.values()), {})
     clients = config.get(CLIENTS_KEY)
     if clients is not None:
@@ -235,15 +250,15 @@ def _is_id(value: object) -> bool:
 
 
 def reply_of(msg: Message, results: ClientResults, extras: Sequence[Mapping[str, float | int]],
-             multi: bool = False) -> Message:
+             multi: bool = False, packed: bool = False) -> Message:
     """The reply of a node's clients: each client's groups as ArrayRecords and its metrics
     (``ClientResults.metrics_of``, plus its ``extras``) as a MetricRecord -- under the plain
     names for the one client of a node (``multi`` False), as ``<name>.<id>`` for each client of a
-    multi-client node."""
+    multi-client node; ``packed``: all arrays in one packed record (``strategies.flower_api.packing``)."""
     content = RecordDict()
     for i, pid in enumerate(results.ids):
         suffix = f".{pid}" if multi else ""
         for name, arrays in results.arrays.items():
             content[f"{name}{suffix}"] = _arrays(per_client(arrays)[i])
         content[f"metrics{suffix}"] = MetricRecord({**results.metrics_of(i), **extras[i]})
-    return Message(content=content, reply_to=msg)
+    return Message(content=pack(content) if packed else content, reply_to=msg)

@@ -1,0 +1,1 @@
+"""Plain Flower FedAvg on the digits CNN: the deployment benchmark's anchor."""
