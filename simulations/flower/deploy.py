@@ -11,7 +11,7 @@ Control API from the server host, as docs/DEPLOY.md recommends. Every process st
 is stopped on exit (its process group, its descendants and everything carrying this
 deployment's tag: SIGTERM, then SIGKILL),
 including the ``flower-superexec``, ``flwr-serverapp`` and ``flwr-clientapp`` processes
-Flower spawns (``processes.stop``). Used by tests/test_deploy_*.py;
+Flower spawns and the warm ClientApp runner with its workers (``processes.stop``). Used by tests/test_deploy_*.py;
 ``python -m simulations.flower.deploy`` runs a demo federation.
 """
 
