@@ -290,8 +290,9 @@ class WarmRunner:
         self.stopping = True
 
     def serve(self) -> None:
-        client = self.endpoint.client()
+        client = self.endpoint.client(max_tries=1)  # this loop retries: a signal or a gone SuperNode is seen at once
         log(INFO, "Warm ClientApp runner: Runtime API %s, up to %d worker(s)", self.endpoint.address, self.max_workers)
+        failing = False
         try:
             while not self.stopping:
                 if self.parent_pid is not None and not _alive(self.parent_pid):
@@ -300,10 +301,13 @@ class WarmRunner:
                 self._reap()
                 try:
                     res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP]))
-                except Exception as ex:  # noqa: BLE001 - the SuperNode may be restarting; keep polling
-                    log(WARNING, "Warm ClientApp runner: AcquireTask failed (%s); retrying", ex)
+                except Exception as ex:  # noqa: BLE001 - the SuperNode may be starting or restarting; keep polling
+                    if not failing:
+                        log(WARNING, "Warm ClientApp runner: AcquireTask failed (%s); retrying every second", ex)
+                    failing = True
                     time.sleep(1.0)
                     continue
+                failing = False
                 if res.HasField("task") and res.token:
                     _mark("acquired", run=res.task.run_id)
                     self._dispatch(res.task, res.token)

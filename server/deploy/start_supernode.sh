@@ -97,10 +97,22 @@ runner_py="$(cd "$(dirname "$0")/../.." && pwd)/client/warm_runner.py"  # run as
 # One SuperNode (and, warm, its runner) at a time; flower-supernode exits 1 on errors (e.g.
 # "Failed to activate SuperNode"), 0 or 128+N when asked to stop: only 1 is retried.
 node="" runner=""
+stop() {  # SIGTERM to the given processes, SIGKILL to those still there after 10 s
+  local pid left
+  for pid in "$@"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for ((i = 0; i < 100; i++)); do
+    left=0; for pid in "$@"; do kill -0 "$pid" 2>/dev/null && left=1; done
+    (( left )) || break
+    sleep 0.1
+  done
+  for pid in "$@"; do kill -KILL "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+}
 stop_all() {
-  [[ -n "$node" ]] && kill -TERM "$node" 2>/dev/null
-  [[ -n "$runner" ]] && kill -TERM "$runner" 2>/dev/null
-  wait
+  local pids=()
+  [[ -n "$node" ]] && pids+=("$node")
+  [[ -n "$runner" ]] && pids+=("$runner")
+  (( ${#pids[@]} )) && stop "${pids[@]}"
+  return 0
 }
 trap 'stop_all; exit 143' TERM
 trap 'stop_all; exit 130' INT
@@ -113,7 +125,7 @@ for ((attempt = 0; ; attempt++)); do
   fi
   set +e; wait "$node"; rc=$?; set -e
   node=""
-  if [[ -n "$runner" ]]; then kill -TERM "$runner" 2>/dev/null || true; wait "$runner" 2>/dev/null || true; runner=""; fi
+  if [[ -n "$runner" ]]; then stop "$runner"; runner=""; fi
   if [[ $rc -ne 1 || $attempt -ge $retries ]]; then exit "$rc"; fi
   echo "start_supernode.sh: SuperLink refused the connection; retry $((attempt + 1))/$retries in ${delay}s" >&2
   sleep "$delay"
