@@ -185,8 +185,8 @@ def round_parts(marks: list[dict]) -> dict[str, float]:
     message; the warm runner's poll adds <= 0.05 s), acquired -> train-start (the task's input
     and message pulled from the SuperNode, the app looked up), train-start -> train-end, train-end
     -> reply at the server (k-th end paired with the k-th reply), last reply -> next push.
-    Under Flower's stock isolation there is no ``acquired``: "ClientApp start" then runs from the
-    SuperNode's pull ... which is not stamped, so pull and start are one part from ``pushed``."""
+    Under Flower's stock isolation there is no ``acquired`` (Flower's SuperNode pull is not
+    stamped), so "ClientApp start" runs from ``pushed`` and holds the pull as well."""
     pushes = [m for m in marks if m["event"] == "push"]
     out: dict[str, list[float]] = {k: [] for k in PARTS}
     for r, (push, nxt) in enumerate(zip(pushes, pushes[1:] + [None], strict=True)):
