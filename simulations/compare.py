@@ -8,8 +8,11 @@ the given folders. Per sweep (one method in one setting) it takes the grid point
 runs on every seed, and reports the test metric's last value as mean ± sample std with the 95 %
 Student-t interval over the seeds, rounds and MB to the target (mean and interval over the seeds that
 reached it, and how many did), the training time per local step, and the compute time of the whole
-sweep (every grid point and seed, as each run's process measured it). Writes ``comparison.md`` (the
-table), ``comparison.json`` and per setting (task and split) ``<setting>-bands.png``: the metric's mean
+sweep (every grid point and seed, as each run's process measured it); and, under each network link
+(``--network``, ``simulations.network``: named links or a TOML file), the modelled time to the target
+(the measured compute plus latency and bytes over the link's downlink and uplink), mean and interval over
+the seeds that reached it, beside rounds and MB. Writes ``comparison.md`` (the tables), ``comparison.json``
+and per setting (task and split) ``<setting>-bands.png``: the metric's mean
 over seeds with its 95 % band against local steps per client and against MB communicated, and
 ``by-setting.png``: the final metric with its interval per method and setting.
 """
@@ -26,6 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from strategies.methods import method as method_class
+
+from .network import NETWORK_HELP, Link, parse_links, run_seconds
 from .stats import Summary, band, summary
 from .summary import Run, common_target, load_run, rounds_to_target
 from .sweep import find_manifests, format_value, last_value, read_manifest, select_point
@@ -158,6 +164,90 @@ def _interval(s: Summary, reached: int, n: int, digits: int) -> str:
     return text + ("" if reached == n else f" ({reached}/{n} reached)")
 
 
+def exchanges(config: dict[str, Any]) -> int:
+    """Message exchanges of one round (the method's modes: CELGC one, EPISODE two); 0 for one client,
+    which communicates nothing."""
+    if int(config.get("num-clients") or 0) == 1:
+        return 0
+    name = str(config.get("algorithm", "celgc"))
+    try:
+        return len(method_class(name).modes)
+    except (ValueError, TypeError, ImportError) as exc:
+        raise ValueError(f"algorithm {name!r} of a run: {exc}") from None
+
+
+def _clients(config: dict[str, Any]) -> int:
+    return int(config.get("clients-per-round") or 0) or int(config.get("num-clients") or 1)
+
+
+def time_to_target(run: Run, hit: dict[str, Any], link: Link) -> float | None:
+    """Modelled seconds of ``run`` on ``link`` up to its round ``hit`` (``rounds_to_target``): the
+    run's own measured training time per local step (``step_time``) as its compute."""
+    seconds = step_time(run)
+    if seconds is None:
+        return None
+    cfg = run.config
+    return run_seconds(run.rows, link, until_round=hit["row"], step_seconds=seconds,
+                       local_steps=int(cfg.get("local-steps", 1)), clients=_clients(cfg), exchanges=exchanges(cfg))
+
+
+def _bytes_to(run: Run, until_row: int) -> tuple[int, int]:
+    """(down, up): bytes the server sent and received in rounds 1 .. ``until_row``."""
+    rows = [r for r in run.rows if 1 <= int(r.get("round", 0)) <= until_row]
+    return (sum(int(r.get("bytes-sent", 0) or 0) for r in rows), sum(int(r.get("bytes-received", 0) or 0) for r in rows))
+
+
+def network_table(compared: Sequence[Compared], target: dict[str, float | None],
+                  links: Sequence[Link]) -> tuple[str, dict[str, dict[str, Any]]]:
+    """The time-to-target table under each link (markdown) and its data per sweep name."""
+    if not links:
+        return "", {}
+    head = ("| setting | method | target | rounds to target | MB down / up to target | "
+            + " | ".join(f"{link.name}: s to target" for link in links) + " |")
+    lines = ["Time to the target under a network model (`simulations/network.py`; docs/EXPERIMENTS.md, \"Time to "
+             "accuracy under a network model\"): a round costs the run's measured training time per local step × "
+             "its local steps, 2 × latency per exchange, and one client's bytes over the downlink and the uplink; "
+             "clients in parallel, nothing else modelled. Mean [95 % interval] over the seeds that reached the "
+             "target. Links: " + "; ".join(f"{link.name} = {link.describe()}" for link in links) + ".", "",
+             head, "|" + "---|" * (5 + len(links))]
+    data: dict[str, dict[str, Any]] = {}
+    for c in compared:
+        key, better = c.metric
+        goal = target.get(c.setting)
+        hits = [(r, rounds_to_target(r, goal, key, better)) if goal is not None else (r, None) for r in c.runs]
+        reached = [(r, h) for r, h in hits if h is not None]
+        n = len(c.runs)
+        rounds = summary([h["round"] for _, h in reached])
+        down_up = [_bytes_to(r, h["row"]) for r, h in reached]
+        down, up = summary([d / 1e6 for d, _ in down_up]), summary([u / 1e6 for _, u in down_up])
+        cells, times = [], {}
+        for link in links:
+            secs = [t for t in (time_to_target(r, h, link) for r, h in reached) if t is not None]
+            s = summary(secs)
+            times[link.name] = {**s.__dict__, "reached": len(reached), "timed": len(secs), "seeds": n}
+            cells.append(_seconds(s, len(secs), n))
+        data[c.name] = {"time-to-target": times, "mb-down-to-target": down.__dict__, "mb-up-to-target": up.__dict__,
+                        "network": {link.name: {"down-bps": link.down_bps, "up-bps": link.up_bps,
+                                                "latency-s": link.latency_s} for link in links}}
+        mb = "-" if down.mean is None else f"{down.mean:.1f} / {up.mean:.1f}"
+        pct = 100.0 if key.endswith("accuracy") else 1.0
+        lines.append(f"| {c.setting} | {c.method} | {'-' if goal is None else f'{goal * pct:.4g}'} | "
+                     f"{_interval(rounds, len(reached), n, 0)} | {mb} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n", data
+
+
+def _seconds(s: Summary, reached: int, n: int) -> str:
+    """'12.3 [10.1, 14.5] (4/5 reached)': seconds, 3 significant digits (whole seconds from 100 s)."""
+    if s.mean is None:
+        return f"not reached (0/{n})"
+
+    def f(x: float) -> str:
+        return f"{x:.0f}" if abs(x) >= 99.95 else f"{x:.3g}"
+
+    text = f(s.mean) + ("" if s.low is None else f" [{f(s.low)}, {f(s.high)}]")
+    return text + ("" if reached == n else f" ({reached}/{n} reached)")
+
+
 def curves(c: Compared) -> tuple[list[float], list[float], list[list[float]]]:
     """(local steps per client, MB communicated, metric per seed) at the evaluated rounds shared by every seed."""
     key, _ = c.metric
@@ -249,8 +339,10 @@ def figures(compared: Sequence[Compared], out: Path) -> list[Path]:
 
 
 def compare(paths: Sequence[str | Path], out: str | Path, target: float | None = None,
-            plots: bool = True) -> tuple[str, list[dict[str, Any]]]:
-    """Select, summarise and draw every sweep under ``paths``; returns the markdown table and its data."""
+            plots: bool = True, links: Sequence[Link] | None = None) -> tuple[str, list[dict[str, Any]]]:
+    """Select, summarise and draw every sweep under ``paths``; returns the markdown tables and their data.
+    ``links``: the network links of the time-to-target table (None: ``simulations.network.LINKS``; empty:
+    no such table)."""
     manifests = find_manifests(paths)
     if not manifests:
         raise FileNotFoundError(f"no sweep manifest (*.sweep.json) under {', '.join(map(str, paths))}")
@@ -261,6 +353,11 @@ def compare(paths: Sequence[str | Path], out: str | Path, target: float | None =
             goals[c.setting] = target if target is not None else common_target(
                 [r for d in compared if d.setting == c.setting for r in d.runs])
     text, data = table(compared, goals)
+    timed, per_sweep = network_table(compared, goals, parse_links(None) if links is None else links)
+    if timed:
+        text += "\n" + timed
+    for c, row in zip(compared, data, strict=True):
+        row.update(per_sweep.get(c.name, {}))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.md").write_text(text)
@@ -280,10 +377,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("results", nargs="+", help="results folders holding sweeps (their *.sweep.json)")
     parser.add_argument("--out", required=True, help="folder for comparison.md, comparison.json and the figures")
     parser.add_argument("--target", type=float, help="level for rounds/MB to target (default: the level every run reached)")
+    parser.add_argument("--network", metavar="LINKS", help=NETWORK_HELP)
     parser.add_argument("--no-plots", action="store_true")
     ns = parser.parse_args(argv)
     try:
-        text, _ = compare(ns.results, ns.out, ns.target, plots=not ns.no_plots)
+        links = parse_links(ns.network)
+        text, _ = compare(ns.results, ns.out, ns.target, plots=not ns.no_plots, links=links)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

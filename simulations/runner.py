@@ -69,6 +69,7 @@ from tasks.runs.results import other_producer, read_results
 from tasks.runs.run_folder import stopped_at
 
 from .interrupt import Stopped, command_line, report, stoppable
+from .network import NETWORK_HELP, parse_links
 from .summary import find_runs, load_run, print_table, summarize
 from .sweep import Point, Sweep, diverged, finished, parse_sweep, select_point, tuning_scores, write_manifest
 
@@ -487,6 +488,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--compare", metavar="OUT", help="then select on validation and write the comparison "
                         "(table, figures with bands: simulations.compare) of the results-dir into OUT")
     parser.add_argument("--target", type=float, help="the level of rounds/bytes-to-target in --compare")
+    parser.add_argument("--network", metavar="LINKS", help="--compare's " + NETWORK_HELP)
     parser.add_argument("--summarize", nargs="+", metavar="RESULTS", help="only print the table of existing results")
     ns = parser.parse_args(argv)
     if ns.summarize:
@@ -498,12 +500,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--jobs must be >= 0, got {ns.jobs}")
     if ns.threads < 1:
         parser.error(f"--threads must be >= 1, got {ns.threads}")
+    if ns.network is not None and not ns.compare:
+        parser.error("--network is an option of --compare: give --compare OUT too")
     args = list(sys.argv[1:] if argv is None else argv)
     rerun = shlex.join(["python", "-m", "simulations.runner", *_without_stale(args), "--stale", "rerun"])
     overrides = parse_overrides(ns.set)
     read: list[tuple[Path, dict[str, Any] | Sweep]] = []
     try:
         with stoppable():
+            links = parse_links(ns.network)  # checked before any run starts
             read = [(Path(f), load_plan(f, overrides, ns.results_dir)) for f in ns.experiments]  # all valid first
             plans = [plan for _, plan in read]
             any_sweep = any(isinstance(p, Sweep) for p in plans)
@@ -532,7 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.compare:
         from .compare import compare
 
-        compare([out], ns.compare, target=ns.target)
+        compare([out], ns.compare, target=ns.target, links=links)
     return 1 if any(line["status"] == "failed" for line in lines) else 0
 
 

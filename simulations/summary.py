@@ -126,8 +126,8 @@ def reached(value: float, target: float, better: str) -> bool:
 
 
 def rounds_to_target(run: Run, target: float, key: str | None = None, better: str | None = None) -> dict[str, Any] | None:
-    """The first evaluated round at which ``key`` reaches ``target``: its round, global epoch,
-    wall-clock and bytes communicated so far; None if never reached."""
+    """The first evaluated round at which ``key`` reaches ``target``: its round (communications), its
+    row's ``round`` (``row``), global epoch, wall-clock and bytes communicated so far; None if never reached."""
     default_key, default_better = run.metric
     key, better = key or default_key, better or default_better
     sent = 0
@@ -135,7 +135,7 @@ def rounds_to_target(run: Run, target: float, key: str | None = None, better: st
         sent += int(row.get("bytes-sent", 0) or 0) + int(row.get("bytes-received", 0) or 0)
         value = _number(row.get(key))
         if value is not None and reached(value, target, better):
-            return {"round": int(row.get("communication-rounds", row.get("round", 0))),
+            return {"round": int(row.get("communication-rounds", row.get("round", 0))), "row": int(row["round"]),
                     "global-epoch": row.get("global-epoch"), "wall-clock": row.get("wall-clock"), "bytes": sent}
     return None
 
