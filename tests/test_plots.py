@@ -54,7 +54,7 @@ def test_labels_targets_and_summary(results):
     assert method_label({"algorithm": "episode", "local-steps": 8, "clip": 0.3}) == "EPISODE I=8"
     assert celgc.group == "digits-homogeneous" and load_run(results / "hetero").group == "digits-similarity0"
     hit = rounds_to_target(naive, 0.8)
-    assert hit == {"round": 5, "global-epoch": 5.0, "wall-clock": 2.5, "bytes": 5 * 80}
+    assert hit == {"round": 5, "row": 5, "global-epoch": 5.0, "wall-clock": 2.5, "bytes": 5 * 80}
     assert rounds_to_target(celgc, 0.8)["round"] == 2 and rounds_to_target(celgc, 0.95) is None
     assert common_target([naive, celgc]) == 0.9
     line = summarize(naive)
