@@ -30,8 +30,8 @@ from strategies.methods.privacy import Privacy
 from tasks import cached_task, check_partitions, initial_model
 from tasks.config import RunConfig
 from tasks.device import pick_device
-from tasks.protocol import counts_rows, lr_scale_bound
-from tasks.runs.checkpoint import Checkpoint, restore_strategy, resume_point
+from tasks.protocol import counts_rows, is_stateful, lr_scale_bound
+from tasks.runs.checkpoint import Checkpoint, restore_strategy, resume_point, split_client_records
 from tasks.runs.evaluation import Evaluator
 from tasks.runs.recorder import RunRecorder
 from tasks.runs.run_folder import claim_run_folder
@@ -188,9 +188,24 @@ def resume(cfg: RunConfig, folder: Path, strategy: object, model: torch.nn.Modul
     if ckpt is None:
         log(WARNING, "resume=true but %s holds no checkpoint: starting at round 0", folder)
         return None
-    restore_strategy(strategy, ckpt.strategy_state)
+    own, clients = split_client_records(ckpt.strategy_state)  # an engine's checkpoint holds its clients' state too
+    restore_strategy(strategy, own)
+    if clients:
+        log(WARNING, "Resuming: the checkpoint's %s of clients %s cannot reach their ClientApps; they start afresh",
+            " and ".join(clients), sorted({p for r in clients.values() for p in r}))
     log(INFO, "Resuming %s from its round-%d checkpoint", folder.name, ckpt.round)
     return ckpt
+
+
+def resume_resets(cfg: RunConfig, task: object, strategy: object) -> str | None:
+    """What a resumed Flower run cannot restore, said in its first row: the clients' own state lives in
+    their ``Context.state``, which a new run starts empty (the engine keeps it in the checkpoint)."""
+    lost = []
+    if cfg.client_state == "keep" and is_stateful(task):
+        lost.append("each client's kept task state (client-state=keep: hidden state, place in its text) starts afresh")
+    if getattr(getattr(strategy, "algorithm", None), "keeps_client_memory", False):
+        lost.append(f"each client's own memory of algorithm {cfg.algorithm!r} starts afresh")
+    return "; ".join(lost) or None
 
 
 @app.main()
@@ -262,7 +277,8 @@ def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path, wrap: Wrap | None = 
         for line in privacy.summary():
             log(INFO, "DP: %s", line)
     recorder = RunRecorder(cfg, Evaluator(cfg, task, model, device), folder, header, resumed=ckpt, last_round=last,
-                           stop_reason=privacy.stop_reason(cfg.num_rounds) if privacy is not None else None)
+                           stop_reason=privacy.stop_reason(cfg.num_rounds) if privacy is not None else None,
+                           resume_resets=resume_resets(cfg, task, strategy))
     last_mode = strategy.algorithm.modes[-1]
 
     def evaluate_fn(server_round: int, round_arrays: ArrayRecord) -> MetricRecord | None:

@@ -100,13 +100,7 @@ def test_multi_client_nodes_equal_one_client_a_node(runs, name):
         assert torch.equal(spread[0][key], value), key
 
 
-#: a method whose clients keep state across rounds (SCAFFOLD's c_i) loses it on an engine resume:
-#: the checkpoint holds the server's state only (found by this harness; strict: passes once fixed)
-MEMORY = pytest.mark.xfail(strict=True, reason="clients' own state (c_i) is not in the engine's checkpoint")
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=MEMORY) if n in METHODS and METHODS[n].keeps_client_memory else n
-                                  for n in ALL])
+@pytest.mark.parametrize("name", ALL)
 def test_resume_equals_the_uninterrupted_run(runs, name):
     config = case(name, **{"num-rounds": 3})
     whole = runs.engine("whole", "sequential", **config)

@@ -57,3 +57,25 @@ def test_kept_client_state_lives_per_client_on_its_node(runs, tiny_lm):
         f"client-state.{p}" for p in range(4)]
     reset = runs.engine("reset", "sequential", **{**config, "client-state": "reset"})
     assert not torch.equal(reset[0]["encoder.weight"], spread[0]["encoder.weight"])
+
+
+def test_kept_client_state_survives_an_engine_resume_and_a_flower_resume_says_it_reset(runs, tiny_lm):
+    """The engine keeps its clients' state (hidden state, place in the text) in the checkpoint: a
+    resumed run equals the uninterrupted one bit for bit. On the Flower path that state lives in the
+    nodes' Context.state, which a resumed (new) run starts empty: its first row says so."""
+    data = tiny_lm(400)
+    config = {"task": "ptb", "data-dir": str(data / "data"), "num-clients": 2, "num-rounds": 3, "local-steps": 2,
+              "batch-size": 2, "lr": 5.0, "clip": 0.5, "eval-every": 3, "checkpoint-every": 1}
+    whole = runs.engine("whole", "sequential", **config)
+    runs.engine("part", "sequential", **{**config, "num-rounds": 2})
+    resumed = runs.engine("part", "sequential", **{**config, "resume": True})
+    for key, value in whole[0].items():
+        assert torch.equal(resumed[0][key], value), key
+    assert all("resume-reset" not in r for r in resumed[1][1])
+    reset = runs.engine("reset", "sequential", **{**config, "client-state": "reset"})
+    assert not torch.equal(reset[0]["encoder.weight"], whole[0]["encoder.weight"])  # the state matters
+
+    runs.flower("flower", **{**config, "num-rounds": 2})
+    _, (_, rows) = runs.flower("flower", **{**config, "resume": True})
+    assert [r["round"] for r in rows if "resume-reset" in r] == [3]
+    assert "client-state=keep" in next(r["resume-reset"] for r in rows if "resume-reset" in r)

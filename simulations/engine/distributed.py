@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 from datetime import timedelta
 
 import torch
@@ -100,3 +101,16 @@ def all_reduce_sum(flat: Tensor, world: World) -> Tensor:
     if world.distributed:
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
     return flat
+
+
+def gather_mappings(mapping: dict[str, Tensor], world: World) -> dict[str, Tensor]:
+    """The union of every process's ``mapping`` (disjoint keys, on CPU): what process 0 checkpoints of
+    the server state each process keeps for its own clients. The identity on one process."""
+    if not world.distributed:
+        return mapping
+    parts: list[Any] = [None] * world.size
+    dist.all_gather_object(parts, {k: v.detach().cpu() for k, v in mapping.items()})
+    out: dict[str, Tensor] = {}
+    for part in parts:
+        out.update(part)
+    return out

@@ -28,8 +28,9 @@ one client after another: measured (benchmarks/engine_speed.py) faster there tha
 batched kernels, and bit-identical to the ClientApp. Results folders, ``resume`` and
 ``checkpoint-every`` behave as in the ServerApp (``tasks.runs``, one checkpoint format): a
 folder that holds a run is refused unless resumed, and a resumed run ends bit-identical to
-an uninterrupted one (a method whose clients keep state of their own, SCAFFOLD, starts it
-again at zero, as a resumed Flower run does). Every process reads the checkpoint on resume,
+an uninterrupted one: the checkpoint holds the method's server state (SCAFFOLD: c and every
+c_i) and the clients' own (a kept language-model state, a method's client memory), gathered
+from every process. Every process reads the checkpoint on resume,
 so the results folder must be visible to all of them (one machine, or a shared file system).
 """
 
@@ -60,12 +61,12 @@ from tasks.config import RunConfig
 from tasks.device import pick_device
 from tasks.overrides import parse_overrides
 from tasks.protocol import Task, draw_batches, example_counter, is_stateful, lr_scale_bound, training_loss
-from tasks.runs.checkpoint import Checkpoint, resume_point
+from tasks.runs.checkpoint import Checkpoint, resume_point, split_client_records
 from tasks.runs.evaluation import Evaluator
 from tasks.runs.recorder import RunRecorder
 from tasks.runs.run_folder import claim_run_folder
 
-from .distributed import World, all_reduce_sum, close_world, init_world, shard
+from .distributed import World, all_reduce_sum, close_world, gather_mappings, init_world, shard
 from .progress import RoundProgress
 
 log = logging.getLogger("simulations.engine")
@@ -78,6 +79,11 @@ def engine_device(cfg: RunConfig, world: World) -> torch.device:
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
     return device
+
+
+#: the clients' own state a checkpoint keeps (``tasks.runs.checkpoint.CLIENT_RECORDS``): entry prefix -> the
+#: Engine attribute holding it by client id
+CLIENT_RECORDS = {"client-state": "client_state", "client-memory": "memory"}
 
 
 @dataclass
@@ -116,8 +122,8 @@ class Engine:
         keep = cfg.client_state == "keep" and is_stateful(self.task)
         memory = self.algorithm.keeps_client_memory
         partial = cfg.per_round < cfg.num_clients
-        if (keep or memory) and partial and world.size > 1:
-            what = "a stateful task (client-state=keep)" if keep else f"algorithm {cfg.algorithm!r} (its clients keep state)"
+        if (keep or memory or self.algorithm.keeps_client_records) and partial and world.size > 1:
+            what = "a stateful task (client-state=keep)" if keep else f"algorithm {cfg.algorithm!r} (it keeps state per client)"
             raise ValueError(f"clients-per-round < num-clients with {what} runs on one process only: a client's state "
                              "would move between processes; use one process" + (" or client-state=reset" if keep else ""))
         owned = range(cfg.num_clients) if partial else self.round_clients  # every client's state, sampled or not
@@ -203,6 +209,27 @@ class Engine:
         return self.algorithm.client(exchange, group)
 
     # --- checkpoints (the ServerApp's format: tasks.runs.checkpoint) -------------------
+    def server_state(self) -> dict[str, Tensor]:
+        """What a checkpoint keeps beside the model, gathered from every process (a collective:
+        every process calls it): the method's state and the clients' own (``client-state/<id>/...``,
+        ``client-memory/<id>/...``)."""
+        out = dict(self.algorithm.state_dict())
+        for prefix, per_client in CLIENT_RECORDS.items():
+            for pid, record in sorted((getattr(self, per_client) or {}).items()):
+                out.update({f"{prefix}/{pid}/{k}": v for k, v in record.items()})
+        gathers = self.algorithm.keeps_client_records or any(getattr(self, a) is not None for a in CLIENT_RECORDS.values())
+        return gather_mappings(out, self.world) if gathers else out
+
+    def load_server_state(self, state: dict[str, Tensor]) -> None:
+        """Restore ``server_state()``: the method's part, and the clients' own where this process runs them."""
+        own, clients = split_client_records(state)
+        for prefix, records in clients.items():
+            held = getattr(self, CLIENT_RECORDS[prefix])
+            for pid, record in records.items():
+                if held is not None and pid in held:
+                    held[pid].update({k: v.to(self.device) for k, v in record.items()})
+        self.algorithm.load_state_dict({k: v.to(self.device) for k, v in own.items()})
+
     def resume(self, folder: Path) -> Checkpoint | None:
         """resume=true: continue from the folder's checkpoint (every process reads it); None: round 0."""
         ckpt = resume_point(folder, self.cfg.to_mapping(), self.cfg.num_rounds, reference=self.state)
@@ -210,7 +237,7 @@ class Engine:
             log.warning("resume=true but %s holds no checkpoint: starting at round 0", folder)
             return None
         self.state = {k: ckpt.arrays[k].to(self.device) for k in self.state}
-        self.algorithm.load_state_dict({k: v.to(self.device) for k, v in ckpt.strategy_state.items()})
+        self.load_server_state(dict(ckpt.strategy_state))
         return ckpt
 
     def evaluate(self) -> dict[str, float | int]:
@@ -273,7 +300,7 @@ def _rounds(cfg: RunConfig, options: EngineOptions, world: World, task: Any, par
             lost = int(report.metrics.get("rejected-replies", 0)) if report is not None else 0
             row = recorder.record(server_round, epoch, engine.state, report,
                                   failures=[f"{lost} client(s) had non-finite results"] if lost else [],
-                                  server_state=engine.algorithm.state_dict())
+                                  server_state=engine.server_state() if recorder.checkpoint_due(server_round) else None)
             progress.update(row)
         if recorder.stop_reason:
             progress.note(f"engine: {recorder.stop_reason}")

@@ -91,6 +91,9 @@ class Algorithm(ABC):
     vectorises: ClassVar[bool] = True
     #: clients keep state of the method's own across rounds (``ClientGroup.memory``)
     keeps_client_memory: ClassVar[bool] = False
+    #: its server keeps state per client across rounds (``state_dict`` entries ``<record>/<client id>/<name>``,
+    #: e.g. SCAFFOLD's c_i): on several engine processes each holds its own clients' and the checkpoint gathers them
+    keeps_client_records: ClassVar[bool] = False
     #: its replies mean nothing without the round's global model (it steps on it)
     needs_global: ClassVar[bool] = True
     #: its own groups of arrays in replies -> what they hold ("state", "trainable" or "buffers")

@@ -185,6 +185,27 @@ def strategy_state(strategy: object) -> dict[str, torch.Tensor | Scalar]:
     return dict(fn()) if callable(fn) else {}
 
 
+#: checkpoint entries ``<prefix>/<client id>/<name>`` of the clients' own state (the engine keeps it; on
+#: the Flower path it lives with the clients: a kept language-model state, a method's client memory)
+CLIENT_RECORDS = ("client-state", "client-memory")
+
+
+def split_client_records(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[int, dict[str, Any]]]]:
+    """(the method's entries, prefix -> client id -> the clients' own entries) of a checkpoint's state."""
+    own: dict[str, Any] = {}
+    clients: dict[str, dict[int, dict[str, Any]]] = {}
+    for key, value in state.items():
+        prefix, _, rest = key.partition("/")
+        pid, _, name = rest.partition("/")
+        if prefix not in CLIENT_RECORDS:
+            own[key] = value
+        elif not name or not pid.isdigit():
+            raise CheckpointError(f"checkpoint entry {key!r} is not {prefix}/<client id>/<name>")
+        else:
+            clients.setdefault(prefix, {}).setdefault(int(pid), {})[name] = value
+    return own, clients
+
+
 def restore_strategy(strategy: object, state: Mapping[str, torch.Tensor | Scalar]) -> None:
     """Give a checkpointed state back to the strategy (which must accept it)."""
     if not state:

@@ -31,8 +31,10 @@ class RunRecorder:
 
     def __init__(self, cfg: RunConfig, evaluator: Evaluator | None, folder: Path | None, header: Mapping[str, Any],
                  resumed: Checkpoint | None = None, last_round: int | None = None,
-                 stop_reason: str | None = None) -> None:
+                 stop_reason: str | None = None, resume_resets: str | None = None) -> None:
         self.cfg = cfg
+        #: what a resume could not restore (e.g. clients' state living on their hosts), said in the resumed row
+        self.resume_resets = resume_resets if resumed is not None else None
         #: the run's last round (before num-rounds when a DP budget ends it: ``stop_reason`` says why)
         self.last_round = cfg.num_rounds if last_round is None else last_round
         self.stop_reason = stop_reason if self.last_round < cfg.num_rounds else None
@@ -67,6 +69,8 @@ class RunRecorder:
             row = round_row(server_round, epoch, lr=report.lr, clip=report.clip, failed_nodes=list(failed_nodes),
                             failures=list(failures), metrics=metrics,
                             resumed_from=self.done if self.done and server_round == self.done + 1 else None)
+            if self.resume_resets and server_round == self.done + 1:
+                row["resume-reset"] = self.resume_resets
         stops = server_round == self.last_round and self.stop_reason is not None
         if stops and server_round > 0:
             row["stopped"] = self.stop_reason
@@ -81,12 +85,18 @@ class RunRecorder:
             self.writer.row(row)
             if server_round > 0:
                 refuse_non_finite(state, server_round)
-            if cfg.checkpoints(server_round) or (stops and server_round > 0 and cfg.checkpoint_every > 0):
+            if self.checkpoint_due(server_round):
                 save_checkpoint(self.folder, Checkpoint(round=server_round, arrays=dict(state),
                                                         strategy_state=dict(server_state or {}), meta={
                     "config": cfg.to_mapping(), "wall-clock": row["wall-clock"], "num-rounds": cfg.num_rounds}))
         self.last_evaluation = evaluation
         return row
+
+    def checkpoint_due(self, server_round: int) -> bool:
+        """Whether ``record`` checkpoints after ``server_round`` (every ``checkpoint-every`` rounds, the
+        last, and a run stopped early by its DP budget)."""
+        stops = server_round == self.last_round and self.stop_reason is not None
+        return self.cfg.checkpoints(server_round) or (stops and server_round > 0 and self.cfg.checkpoint_every > 0)
 
     def finish(self, state: Mapping[str, Tensor]) -> Path | None:
         """The final weights (``model.pt``), written atomically; None without a folder."""
