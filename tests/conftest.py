@@ -4,9 +4,11 @@ One torch thread for the suite (CI has 2 cores shared by several processes; more
 the small models here slower, not faster), inherited by subprocesses too; ``CELGC_TEST_THREADS=n``
 runs the suite with n instead (1, 2 and 4 are checked). Every test that compares a result made
 in another process with one made here bit for bit (torchrun, `flwr run`, the runner's pool, a
-CLI) runs its part here with one thread, as the other processes do (``OMP_NUM_THREADS=1``),
+CLI) runs its part here with the other processes' thread count, ``OMP_NUM_THREADS`` (default 1),
 whatever n is: a CPU kernel may split a reduction by thread, so the thread count is part of what
-a bit-identical result needs (marked ``realproc``: ``same_threads_as_subprocesses``). The shared pieces,
+a bit-identical result needs (marked ``realproc``: ``same_threads_as_subprocesses``).
+``OMP_NUM_THREADS=m`` runs the torchrun tests with m threads in every process (the runner and
+the deployed ClientApps pin their own count: their tests hold at m = 1 only). The shared pieces,
 each defined once here: a small corpus to learn (``corpus``) and the tiny language model on it
 (``tiny_lm``), a BatchNorm-free MLP for digits (``mlp``, ``mlp_digits``), the digits CNN with
 average pooling (``smooth_digits``), and the Flower path and the engine run side by side on
@@ -29,18 +31,19 @@ THREADS = os.environ.get("CELGC_TEST_THREADS", "1")
 if not THREADS.isdigit() or int(THREADS) < 1:
     raise ValueError(f"CELGC_TEST_THREADS must be an integer >= 1, got {THREADS!r}")
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # subprocesses: one thread (tests compare them with this process)
+SUBPROCESS_THREADS = int(os.environ["OMP_NUM_THREADS"])
 torch.set_num_threads(int(THREADS))
 
 
 @pytest.fixture(autouse=True)
 def same_threads_as_subprocesses(request):
-    """A real-process test compares its subprocesses' results (one thread each) with this process's:
-    this process runs its part with one thread too, whatever CELGC_TEST_THREADS is."""
+    """A real-process test compares its subprocesses' results (``OMP_NUM_THREADS`` threads each) with
+    this process's: this process runs its part with as many, whatever CELGC_TEST_THREADS is."""
     if request.node.get_closest_marker("realproc") is None:
         yield
         return
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(SUBPROCESS_THREADS)
     try:
         yield
     finally:

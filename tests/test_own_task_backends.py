@@ -113,9 +113,10 @@ def run(cmd, timeout=300):
 def test_torchrun_with_two_gloo_processes_equals_the_in_process_apps(tmp_path):
     """3 clients on 2 processes (2 + 1) through the engine CLI under torchrun == the ServerApp + ClientApps.
 
-    Bit for bit, and why: every process, this one included, runs one torch thread (``OMP_NUM_THREADS=1``
-    there, conftest's realproc fixture here), so a client's steps are the same kernels with the same
-    reduction splits on both sides; clients are trained and summed in partition-id order on both;
+    Bit for bit, and why: every process, this one included, runs the same number of torch threads
+    (``OMP_NUM_THREADS``, default 1, there; conftest's realproc fixture here; checked at 1, 2 and 4, and
+    beside running sweeps), so a client's steps are the same kernels with the same reduction splits on
+    both sides; clients are trained and summed in partition-id order on both;
     gloo's all-reduce of two float64 partial sums is a + b, the same on either rank and in either
     arrival order. What differs is only the float64 grouping of the average ((c0 + c1) + c2 across
     the processes, one 3-row product here); the cast back to float32 hides it unless a float64 sum
