@@ -111,6 +111,17 @@ def test_resume_equals_the_uninterrupted_run(runs, name):
 
 
 @pytest.mark.parametrize("name", ALL)
+def test_resume_on_the_flower_path_equals_the_uninterrupted_run(runs, name):
+    """The ServerApp's checkpoint holds the method's server state (SCAFFOLD: c and every c_i)."""
+    config = case(name, **{"num-rounds": 3, "checkpoint-every": 1})
+    whole = runs.flower("whole", **config)
+    runs.flower("part", **{**config, "num-rounds": 2})
+    resumed = runs.flower("part", **{**config, "resume": True})
+    for key, value in whole[0].items():
+        assert torch.equal(resumed[0][key], value), key
+
+
+@pytest.mark.parametrize("name", ALL)
 def test_a_misspelled_key_is_named(name):
     key = own_key_of(name) or "local-steps"
     typo = key[:-1] + key[-1] * 2
