@@ -511,6 +511,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             links = parse_links(ns.network)  # checked before any run starts
             read = [(Path(f), load_plan(f, overrides, ns.results_dir)) for f in ns.experiments]  # all valid first
             plans = [plan for _, plan in read]
+            if any((p.base if isinstance(p, Sweep) else p).get("tensorboard") for p in plans):
+                from tasks.runs.live_scalars import require
+
+                require()  # the package, before any run: else every run would stop at its start
             any_sweep = any(isinstance(p, Sweep) for p in plans)
             jobs = 1 if ns.backend == "flower" else ns.jobs or (auto_jobs(ns.backend) if any_sweep else 1)
             lines = run_plans(read, ns.backend, parse_overrides(ns.federation_config), ns.timeout or math.inf,

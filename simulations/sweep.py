@@ -181,7 +181,7 @@ def finished(folder: Path, values: dict[str, Any]) -> bool:
     header, rows = read_results(results)
     want = RunConfig.from_mapping(values).to_mapping()
     have = dict(header.get("config", {}))
-    ignore = {"resume"}
+    ignore = {"resume", "tensorboard"}  # how the run is continued or watched, not what it computes
     diff = sorted(k for k in want if k not in ignore and have.get(k) != want[k])
     if diff:
         raise ValueError(f"{folder} holds a run of another config (differs in {diff}): move it away or change "

@@ -36,7 +36,7 @@ FILENAME = "checkpoint.pt"
 # Keys a resumed run may change: they do not enter the arithmetic of a round.
 RESUMABLE_CHANGES = frozenset({
     "num-rounds", "resume", "checkpoint-every", "node-wait", "round-timeout", "min-replies",
-    "eval-every", "device", "results-dir", "run-name", "data-dir", "download", "eval-train",
+    "eval-every", "device", "results-dir", "run-name", "data-dir", "download", "eval-train", "tensorboard",
 })
 
 Scalar = bool | int | float | str

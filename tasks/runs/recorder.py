@@ -102,4 +102,6 @@ class RunRecorder:
         """The final weights (``model.pt``), written atomically; None without a folder."""
         if self.folder is None:
             return None
+        if self.writer is not None:
+            self.writer.close()
         return save_weights(dict(state), self.folder / "model.pt")

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from .live_scalars import Scalars
 from .safe_files import open_text, write_atomic
 
 PACKAGE = "celgc"
@@ -124,7 +125,9 @@ def _clean(value: Any) -> Any:
 
 
 class ResultsWriter:
-    """Appends one JSON object per line to ``<folder>/results.jsonl`` and flushes it.
+    """Appends one JSON object per line to ``<folder>/results.jsonl`` and flushes it; with
+    ``tensorboard = true`` in ``config`` also each row's numbers as TensorBoard scalars in ``folder``
+    (``tasks.runs.live_scalars``). The one writer of results rows: the ServerApp and the engine.
 
     ``resume_from=k`` (a run resumed from its round-k checkpoint) keeps the existing file:
     its header and rows up to round k stay, rows of later rounds (written after the
@@ -133,6 +136,8 @@ class ResultsWriter:
 
     def __init__(self, folder: str | Path, config: dict[str, Any], extra: dict[str, Any] | None = None,
                  resume_from: int | None = None) -> None:
+        #: the rows as TensorBoard scalars too (``tensorboard = true``); checked before anything is written
+        self.scalars = Scalars(folder, resume_from) if config.get("tensorboard") else None
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.path = self.folder / "results.jsonl"
@@ -154,6 +159,13 @@ class ResultsWriter:
             f.write(json.dumps({"kind": "round", **{k: _clean(v) for k, v in values.items()}}) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        if self.scalars is not None:
+            self.scalars.add(values)
+
+    def close(self) -> None:
+        """Close the TensorBoard writer, if any (results.jsonl is closed after every row)."""
+        if self.scalars is not None:
+            self.scalars.close()
 
 
 class TooFewReplies(RuntimeError):
