@@ -137,7 +137,8 @@ def wait_for_federation(grid: Grid, cfg: RunConfig, poll: float = 0.1,
                 for node, reason in fed.excluded.items():
                     watched.exclude(node, f"query reply excluded, {reason}")
             if size < cfg.num_clients:
-                log(INFO, "%d clients on %d nodes: each node serves every %d-th client", cfg.num_clients, size, size)
+                log(INFO, "%d clients on %d nodes: node i serves clients i, i + %d, i + %d, ...", cfg.num_clients,
+                    size, size, 2 * size)
             return members, size
         log(INFO, "Waiting for nodes: %d of %d connected", len(members), size)
         time.sleep(poll)
@@ -242,7 +243,7 @@ def run(grid: Grid, cfg: RunConfig, wrap: Wrap | None = None) -> None:
         raise ValueError("dp-noise-multiplier > 0 and a wrapped strategy: noise would be added twice; use this "
                          "project's DP keys (dp-noise-multiplier = 0 with a wrapper) or Flower's wrapper, not both")
     folder = Path(cfg.results_dir).resolve() / cfg.folder_name()  # not the run folder: a link there is refused
-    log(INFO, "CELGC run: %s -> results in %s", cfg.task, folder)
+    log(INFO, "%s run: %s -> results in %s", method(cfg.algorithm).label(cfg.local_steps), cfg.task, folder)
     with claim_run_folder(folder, resume=cfg.resume):
         run_in_folder(grid, cfg, folder, wrap)
 

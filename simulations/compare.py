@@ -1,6 +1,6 @@
 """Compare tuned methods from sweep results: selection on validation, statistics over seeds, figures with bands.
 
-    python -m simulations.compare runs/hetero --out docs/figures/heterogeneity [--target 0.95]
+    python -m simulations.compare runs/hetero --out runs/hetero/compare [--target 0.95] [--network datacenter,mobile]
 
 Reads every sweep manifest (``<run-name>.sweep.json``, written by ``python -m simulations.runner``) under
 the given folders. Per sweep (one method in one setting) it takes the grid point selected on validation

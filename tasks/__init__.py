@@ -138,6 +138,7 @@ def check_partitions(cfg: RunConfig, parts: Sequence[Any] | None = None) -> None
     sizes = [len(p) for p in (parts if parts is not None else partitions(cfg))]
     if sizes and cfg.batch_size > min(sizes):
         raise ValueError(
-            f"batch-size ({cfg.batch_size}) exceeds the smallest client's {min(sizes)} examples "
+            f"batch-size ({cfg.batch_size}) exceeds the smallest client's {min(sizes)} "
+            f"example{'' if min(sizes) == 1 else 's'} "
             f"(partitioner {cfg.partitioner}, num-clients {cfg.num_clients}): lower batch-size or num-clients"
         )

@@ -214,7 +214,8 @@ def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, seed: int, min
             break
     if min_size and min(p.size for p in parts) < min_size:
         raise ValueError(f"dirichlet-alpha = {alpha:g}: no draw in {_MIN_SIZE_TRIES} gave every one of {num_clients} clients "
-                         f"{min_size} examples; lower dirichlet-min-size or num-clients, or raise dirichlet-alpha")
+                         f"{min_size} example{'' if min_size == 1 else 's'}; lower dirichlet-min-size or num-clients, "
+                         "or raise dirichlet-alpha")
     for i in range(num_clients):
         if parts[i].size == 0:
             donor = int(np.argmax([p.size for p in parts]))

@@ -33,7 +33,7 @@ def round_batches(
         raise ValueError(f"batch-size must be an integer >= 1, got {batch_size}")
     if batch_size > n:
         raise ValueError(
-            f"batch-size ({batch_size}) exceeds the {n} examples of partition "
+            f"batch-size ({batch_size}) exceeds the {n} example{'' if n == 1 else 's'} of partition "
             f"{partition_id}: lower batch-size or use fewer clients"
         )
     if server_round < 1:

@@ -171,3 +171,34 @@ def test_local_log_file_matches_flwr(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("FLWR_HOME", str(tmp_path))
     assert local._get_local_superlink_paths()[1] == local_log_file()
     assert os.environ["FLWR_HOME"] == str(tmp_path)
+
+
+def test_a_bad_value_exits_2_before_the_run_is_submitted(monkeypatch, capsys, tmp_path: Path) -> None:
+    """This project's app: a value its RunConfig refuses ends the wrapper with 2 and the error, before
+    `flwr run` (checked while the SuperLink starts); a bad key before a SuperLink is even made."""
+    import simulations.flower.__main__ as wrapper
+
+    made = []
+
+    class NoSuperLink:
+        def __init__(self, **kw) -> None:
+            made.append(kw)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            return None
+
+    monkeypatch.setattr(wrapper, "LocalSuperLink", NoSuperLink)
+    monkeypatch.setattr(wrapper, "run_app", lambda *a, **k: pytest.fail("the run was submitted"))
+    assert main([str(ROOT), "--run-config", "num-rounds=2 lr=-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: run-config: ") and "lr" in err and len(made) == 1
+    made.clear()
+    assert main([str(ROOT), "--run-config", "local-step=4"]) == 2 and made == []
+    # another app's values are its own ServerApp's to check
+    other = wrapper.ValueCheck(tmp_path, {"lr": -1})
+    other.start()
+    other.result()
+    assert other.error is None

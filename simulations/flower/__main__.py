@@ -4,7 +4,9 @@ stop the local SuperLink that ``flwr run .`` started for this FLWR_HOME.
     python -m simulations.flower APP_DIR [--run-config "k=v ..."] [--federation-config ...]
     python -m simulations.flower stop-local [--flwr-home DIR]
 
-Exit status (run): 0 finished:completed, 1 another final status, 2 CLI or start error, 130/143
+Exit status (run): 0 finished:completed, 1 another final status, 2 CLI or start error (a bad
+argument, an unknown run-config key: before anything starts; for this project's app a bad
+run-config value too: checked while the SuperLink starts, before the run is submitted), 130/143
 stopped by Ctrl-C/SIGTERM (the local SuperLink stopped with the run; one line names the command
 that resumes it).
 """
@@ -14,16 +16,47 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from ..interrupt import Stopped, command_line, report, stoppable
-from .cli import FlowerCliError, RunFailed, run_app
+from .cli import FlowerCliError, RunFailed, app_config, run_app, run_config_values
 from .local import local_log_file, stop_local_superlink
 from .processes import strip_ansi
 from .superlink import ExistingSuperLink, LocalSuperLink, SuperLinkLike, SuperLinkStartError
 
 PROG = "python -m simulations.flower"
+PROJECT = Path(__file__).resolve().parents[2]  # this checkout: the app whose values ValueCheck knows
+
+
+class ValueCheck(threading.Thread):
+    """This project's app (``app`` is this checkout): its ``RunConfig`` checks the run-config values,
+    in a thread while the SuperLink starts (``tasks.config`` imports torch: about 3 s); ``result()``
+    raises a bad value's error. Any other app's values are its own ServerApp's to check."""
+
+    def __init__(self, app: Path, overrides: Mapping[str, Any]) -> None:
+        super().__init__(name="run-config values", daemon=True)
+        self.app, self.overrides = app, dict(overrides)
+        self.error: str | None = None
+
+    def run(self) -> None:
+        if self.app.expanduser().resolve() != PROJECT:
+            return
+        try:
+            from tasks.config import RunConfig
+
+            RunConfig.from_mapping({**app_config(self.app), **self.overrides})
+        except ValueError as exc:
+            self.error = str(exc)
+        except Exception:  # not a verdict on the values (an import failing, ...): the run reports it
+            pass
+
+    def result(self) -> None:
+        self.join()
+        if self.error is not None:
+            raise ValueError(f"run-config: {self.error}")
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -45,8 +78,16 @@ def _run_parser() -> argparse.ArgumentParser:
 
 def run_main(argv: Sequence[str]) -> int:
     ns = _run_parser().parse_args(argv)
+    try:  # the keys before anything starts, the values (this project's app) while the SuperLink starts
+        values = ValueCheck(Path(ns.app_dir), run_config_values(Path(ns.app_dir).expanduser().resolve(),
+                                                                ns.run_config or None))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    values.start()
 
     def go(sl: SuperLinkLike) -> dict[str, Any]:
+        values.result()
         return run_app(ns.app_dir, ns.run_config or None, ns.federation_config or None, ns.timeout, superlink=sl)
 
     try:

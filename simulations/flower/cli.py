@@ -121,9 +121,13 @@ def format_overrides(config: Mapping[str, Any] | Sequence[str] | None) -> list[s
 
 def app_config_keys(app: Path) -> list[str]:
     """The keys of the app's ``[tool.flwr.app.config]`` (tables flattened with dots, as flwr does)."""
+    return list(app_config(app))
+
+
+def app_config(app: Path) -> dict[str, Any]:
+    """The app's ``[tool.flwr.app.config]``: its keys and defaults (tables flattened with dots)."""
     data = tomllib.loads((app / "pyproject.toml").read_text())
-    table = data.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {})
-    return list(_flat(table))
+    return _flat(data.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {}))
 
 
 def _flat(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -138,11 +142,17 @@ def _flat(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def prepare_run_config(app: Path, run_config: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
     """``--run-config`` items for ``flwr run``, checked against the app's keys before anything is
-    submitted. Sequences may mix TOML files and ``k=v`` strings (flwr refuses the mix: they are
-    merged here, later items winning); a key the app does not have is named with the close
-    matches and the known keys (flwr says only "Invalid run configuration")."""
+    submitted (``run_config_values``)."""
+    return format_overrides(run_config_values(app, run_config))
+
+
+def run_config_values(app: Path, run_config: Mapping[str, Any] | Sequence[str] | None) -> dict[str, Any]:
+    """The overrides of ``--run-config`` items, merged. Sequences may mix TOML files and ``k=v``
+    strings (flwr refuses the mix: they are merged here, later items winning); a key the app does
+    not have is named with the close matches and the known keys (flwr says only "Invalid run
+    configuration")."""
     if run_config is None:
-        return []
+        return {}
     if isinstance(run_config, str):
         run_config = [run_config]
     if isinstance(run_config, Mapping):
@@ -162,7 +172,7 @@ def prepare_run_config(app: Path, run_config: Mapping[str, Any] | Sequence[str] 
         hints = "; ".join(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(
             k, known, n=1, cutoff=0.7)) else "") for k in unknown)
         raise ValueError(f"unknown run-config key {hints}: the app's [tool.flwr.app.config] has {', '.join(known)}")
-    return format_overrides(values)
+    return values
 
 
 def run_cli(args: Sequence[str], superlink: SuperLinkLike, timeout: float) -> tuple[int, str, str]:

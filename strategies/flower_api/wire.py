@@ -163,7 +163,7 @@ def read_content(node: int, content: RecordDict, groups: Sequence[str], *, weigh
     if reason is None and settings is not None and "num-examples" in metrics:
         expected = settings.local_steps * settings.batch_size
         if metrics["num-examples"] != expected:
-            reason = (f"num-examples {record['num-examples']!r} is not the {expected} examples of "
+            reason = (f"num-examples {record['num-examples']!r} is not the {expected} example{'' if expected == 1 else 's'} of "
                       f"{settings.local_steps} step(s) of batch size {settings.batch_size}")
     if reason is not None:
         return Reply(node, content, metrics=metrics, record=record, reason=reason)
