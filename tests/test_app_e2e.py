@@ -145,3 +145,13 @@ def test_batch_larger_than_a_client_is_a_clear_error(tmp_path):
 def test_bad_run_config_fails_before_training(tmp_path):
     with pytest.raises(ValueError, match="local-steps must be an integer >= 1, got 0"):
         run(tmp_path, **{"local-steps": 0})
+
+
+def test_the_server_log_names_the_method_and_the_clients_of_each_node(tmp_path, monkeypatch):
+    import server.app
+
+    lines = []
+    monkeypatch.setattr(server.app, "log", lambda level, msg, *args: lines.append(msg % args))
+    run(tmp_path, name="ep", num_nodes=2, **{"num-rounds": 1, "algorithm": "episode", "local-steps": 2})
+    assert any(line.startswith(f"EPISODE I=2 run: digits -> results in {tmp_path / 'ep'}") for line in lines), lines
+    assert "4 clients on 2 nodes: node i serves clients i, i + 2, i + 4, ..." in lines

@@ -44,6 +44,8 @@ def test_indices_come_from_the_partition():
 def test_batch_larger_than_partition_is_an_error():
     with pytest.raises(ValueError, match="batch-size \\(10\\) exceeds the 6 examples of partition 2"):
         draw(np.arange(6), 1, pid=2, b=10)
+    with pytest.raises(ValueError, match="batch-size \\(2\\) exceeds the 1 example of partition 0"):
+        draw(np.arange(1), 1, pid=0, b=2)
 
 
 @pytest.mark.parametrize("kwargs,match", [
