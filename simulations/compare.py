@@ -7,7 +7,8 @@ the given folders. Per sweep (one method in one setting) it takes the grid point
 (``simulations.sweep.select_point``, recomputed from the runs and checked against the manifest) and its
 runs on every seed, and reports the test metric's last value as mean ± sample std with the 95 %
 Student-t interval over the seeds, rounds and MB to the target (mean and interval over the seeds that
-reached it, and how many did), the training time per local step, and the compute time of the whole
+reached it, and how many did), a DP sweep's ε at δ after its last round (a column only when some sweep
+is private), the training time per local step, and the compute time of the whole
 sweep (every grid point and seed, as each run's process measured it); and, under each network link
 (``--network``, ``simulations.network``: named links or a TOML file), the modelled time to the target
 (the measured compute plus latency and bytes over the link's downlink and uplink), mean and interval over
@@ -83,8 +84,26 @@ def load_compared(path: Path) -> Compared:
             raise ValueError(f"{run.folder}: the run has not finished: rerun the runner (finished runs are skipped)")
     valid = [last_value(r.folder, select) for r in runs]
     compute = sum(float(e.get("elapsed") or 0.0) for e in manifest["runs"].values())
-    return Compared(manifest["run-name"], runs[0].group, runs[0].label, selected, runs, select,
+    z = float(runs[0].config.get("dp-noise-multiplier") or 0.0)
+    method = runs[0].label + (f" + DP z={z:g}" if z > 0 else "")  # told apart from the method without DP
+    return Compared(manifest["run-name"], runs[0].group, method, selected, runs, select,
                     summary([v for v in valid if v is not None]), len(manifest["runs"]), compute)
+
+
+def privacy(c: Compared) -> tuple[list[float | None], str]:
+    """Each run's epsilon after its last round (None: no DP) and the table's text: epsilon at delta, one value
+    when every seed spent the same (equal z, K, M, rounds and delta do), else the range."""
+    last = [r.rows[-1] if r.rows else {} for r in c.runs]
+    eps = [float(row["dp-epsilon"]) if isinstance(row.get("dp-epsilon"), (int, float)) else None for row in last]
+    if all(e is None for e in eps):
+        return eps, "no DP"
+    found = [e for e in eps if e is not None]
+    deltas = sorted({float(row["dp-delta"]) for row in last if isinstance(row.get("dp-delta"), (int, float))})
+    text = f"{found[0]:.3g}" if len({f'{e:.3g}' for e in found}) == 1 else f"{min(found):.3g}-{max(found):.3g}"
+    text += " (δ " + "/".join(f"{d:.2g}" for d in deltas) + ")"
+    if len(found) < len(eps):
+        text += f" ({len(eps) - len(found)} without DP)"
+    return eps, text + ("" if all(row.get("dp-private") for row in last if "dp-epsilon" in row) else " NOT private")
 
 
 def final_values(c: Compared) -> list[float | None]:
@@ -109,10 +128,12 @@ def step_time(run: Run) -> float | None:
 
 def table(compared: Sequence[Compared], target: dict[str, float | None]) -> tuple[str, list[dict[str, Any]]]:
     """The markdown table and its rows as data."""
-    lines = ["| setting | method | selected | seeds | validation (" + "/".join(sorted({c.select for c in compared}))
+    dp = any(e is not None for c in compared for e in privacy(c)[0])  # the ε column only where a run is private
+    lines = ["| setting | method | selected | seeds | " + ("ε at δ | " if dp else "") + "validation ("
+             + "/".join(sorted({c.select for c in compared}))
              + ") | final test: mean ± std | 95 % interval | target | rounds to target | MB to target "
                "| s per local step | sweep runs | sweep compute (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|" + ("---|" if dp else "") + "---|---|---|---|---|---|---|---|---|"]
     data = []
     for c in compared:
         key, better = c.metric
@@ -131,6 +152,9 @@ def table(compared: Sequence[Compared], target: dict[str, float | None]) -> tupl
                "rounds-to-target": rounds.__dict__, "mb-to-target": mbytes.__dict__,
                "step-seconds": sum(times) / len(times) if times else None,
                "sweep-runs": c.sweep_runs, "sweep-compute-seconds": c.compute_seconds}
+        epsilons, eps_txt = privacy(c)
+        if dp:
+            row["dp-epsilon"] = epsilons
         data.append(row)
         pct = 100.0 if key.endswith("accuracy") else 1.0
         vscale = 100.0 if c.select.endswith("accuracy") else 1.0
@@ -140,7 +164,8 @@ def table(compared: Sequence[Compared], target: dict[str, float | None]) -> tupl
             final_txt += f" ({diverged} diverged)"
         ci = "-" if s.low is None else f"[{s.low * pct:.2f}, {s.high * pct:.2f}]"
         lines.append(
-            f"| {c.setting} | {c.method} | {sel} | {len(c.runs)} | {_fmt(c.valid, vscale)} | {final_txt} | {ci} | "
+            f"| {c.setting} | {c.method} | {sel} | {len(c.runs)} | {eps_txt + ' | ' if dp else ''}"
+            f"{_fmt(c.valid, vscale)} | {final_txt} | {ci} | "
             f"{'-' if goal is None else f'{goal * pct:.4g}'} | {_interval(rounds, len(reached), len(c.runs), 0)} | "
             f"{_interval(mbytes, len(reached), len(c.runs), 1)} | "
             f"{'-' if not times else f'{sum(times) / len(times) * 1e3:.2f} ms'} | {c.sweep_runs} | {c.compute_seconds:.0f} |")
@@ -148,7 +173,7 @@ def table(compared: Sequence[Compared], target: dict[str, float | None]) -> tupl
 
 
 def _greek(key: str) -> str:
-    return {"lr": "η", "clip": "γ", "local-steps": "I"}.get(key, key)
+    return {"lr": "η", "clip": "γ", "local-steps": "I", "dp-clip": "C"}.get(key, key)
 
 
 def _fmt(s: Summary, scale: float) -> str:

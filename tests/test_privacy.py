@@ -250,19 +250,30 @@ def test_naive_with_dp_clip_runs_on_the_engine(runs, mlp_digits):
     assert head["privacy"]["dp-clip"] == 0.5
 
 
-def test_the_dp_comparison_gives_every_method_the_same_epsilon():
-    """docs/EXPERIMENTS.md's DP utility comparison: equal (z, K, M, rounds, delta) -> equal epsilon."""
+@pytest.mark.parametrize("folder, private, plain", [
+    ("dp-shakespeare", {"celgc-I8", "local-sgd-I8", "naive"}, set()),
+    ("dp-digits", {"celgc-I4", "local-sgd-I4", "naive"}, {"nodp-celgc-I4", "nodp-local-sgd-I4", "nodp-naive"}),
+])
+def test_the_dp_comparison_gives_every_method_the_same_epsilon(folder, private, plain):
+    """docs/EXPERIMENTS.md's DP utility comparisons: equal (z, K, M, rounds, delta) -> equal epsilon; the no-DP
+    references of a folder run the same clients and rounds without noise."""
     from pathlib import Path
 
     from simulations.runner import load_plan
 
-    folder = Path(__file__).resolve().parents[1] / "simulations" / "experiments" / "dp-shakespeare"
-    plans = {p.stem: load_plan(p, results_dir="unused") for p in sorted(folder.glob("*.toml"))}
-    assert set(plans) == {"celgc-I8", "local-sgd-I8", "naive"}
-    budgets = set()
-    for name, plan in plans.items():
+    path = Path(__file__).resolve().parents[1] / "simulations" / "experiments" / folder
+    plans = {p.stem: load_plan(p, results_dir="unused") for p in sorted(path.glob("*.toml"))}
+    assert set(plans) == private | plain
+    budgets, settings = set(), set()
+    for name in plain:
+        cfg = RunConfig.from_mapping(plans[name].base)
+        assert not cfg.dp.enabled and len(plans[name].seeds) >= 3 and cfg.valid_fraction > 0, name
+        settings.add((cfg.per_round, cfg.num_clients, cfg.num_rounds))
+    for name in private:
+        plan = plans[name]
         cfg = RunConfig.from_mapping(plan.base)
         assert cfg.dp.enabled and not cfg.dp.reproducible and len(plan.seeds) >= 3 and cfg.valid_fraction > 0, name
         assert ("dp-clip" in plan.grid) == (cfg.algorithm != "celgc"), name  # CELGC: no update clipping
         budgets.add((cfg.dp_noise_multiplier, cfg.per_round, cfg.num_clients, cfg.num_rounds, cfg.dp_delta))
-    assert len(budgets) == 1
+        settings.add((cfg.per_round, cfg.num_clients, cfg.num_rounds))
+    assert len(budgets) == 1 and len(settings) == 1

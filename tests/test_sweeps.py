@@ -361,3 +361,26 @@ def test_compare_reports_the_selected_point_over_seeds_with_intervals(tmp_path):
     with pytest.raises(ValueError, match="not the best on valid-accuracy"):
         load_compared(res / "sw.sweep.json")
     shutil.rmtree(res / f"sw-lr={lr}-seed=2")
+
+
+def test_compare_reports_epsilon_of_a_dp_sweep_and_tells_it_from_the_same_method_without_dp(tmp_path):
+    """docs/EXPERIMENTS.md's DP table: the ε at δ of each private sweep's runs, read from their last rows."""
+    dp = {"dp-noise-multiplier": 1.0, "dp-buffers": "frozen"}
+    files = [_file(tmp_path, "lr = [0.05, 0.5]\nseeds = 2\ntune-seeds = 1\n", name="dp", **dp),
+             _file(tmp_path, "seeds = 2\n", name="plain")]
+    res = tmp_path / "res"
+    runner.run_all(files, "engine", results_dir=res, jobs=1)
+    text, data = compare([res], tmp_path / "cmp", plots=False)
+    private, plain = sorted(data, key=lambda row: "DP" not in row["method"])
+    lr = private["selected"]["lr"]
+    last = [load_run(res / f"dp-lr={format_value(lr)}-seed={s}").rows[-1] for s in range(2)]
+    assert private["dp-epsilon"] == [row["dp-epsilon"] for row in last] and plain["dp-epsilon"] == [None, None]
+    assert all(row["dp-private"] for row in last) and last[0]["dp-epsilon"] == last[1]["dp-epsilon"] > 0
+    assert private["method"] == plain["method"] + " + DP z=1"
+    assert "| ε at δ |" in text.splitlines()[0]
+    line = next(t for t in text.splitlines() if "+ DP z=1" in t)
+    assert f"| {last[0]['dp-epsilon']:.3g} (δ {last[0]['dp-delta']:.2g}) |" in line and "NOT private" not in line
+    assert "| no DP |" in next(t for t in text.splitlines()[2:] if "+ DP" not in t)
+    # no private sweep: no ε column
+    text, data = compare([res / "plain.sweep.json"], tmp_path / "cmp2", plots=False)
+    assert "ε" not in text and "dp-epsilon" not in data[0]
