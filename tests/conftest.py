@@ -8,7 +8,8 @@ CLI) runs its part here with the other processes' thread count, ``OMP_NUM_THREAD
 whatever n is: a CPU kernel may split a reduction by thread, so the thread count is part of what
 a bit-identical result needs (marked ``realproc``: ``same_threads_as_subprocesses``).
 ``OMP_NUM_THREADS=m`` runs the torchrun tests with m threads in every process (the runner and
-the deployed ClientApps pin their own count: their tests hold at m = 1 only). The shared pieces,
+the deployed ClientApps pin their own count: their tests hold at m = 1 only); torch caps an
+``OMP_NUM_THREADS`` above the machine's cores at the cores, so on a 2-core machine m = 4 runs 2. The shared pieces,
 each defined once here: a small corpus to learn (``corpus``) and the tiny language model on it
 (``tiny_lm``), a BatchNorm-free MLP for digits (``mlp``, ``mlp_digits``), the digits CNN with
 average pooling (``smooth_digits``), and the Flower path and the engine run side by side on
@@ -32,6 +33,12 @@ if not THREADS.isdigit() or int(THREADS) < 1:
     raise ValueError(f"CELGC_TEST_THREADS must be an integer >= 1, got {THREADS!r}")
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # subprocesses: one thread (tests compare them with this process)
 SUBPROCESS_THREADS = int(os.environ["OMP_NUM_THREADS"])
+if SUBPROCESS_THREADS > 1:  # torch ignores an OMP_NUM_THREADS above what it counts as the cores (pytorch#60000): ask one
+    import subprocess
+    import sys
+
+    SUBPROCESS_THREADS = int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                                            capture_output=True, text=True, check=True, timeout=120).stdout)
 torch.set_num_threads(int(THREADS))
 
 
@@ -223,10 +230,10 @@ def runs(tmp_path):
 
 
 def run_command(cmd: list[str], timeout: float = 240):
-    """Run ``cmd`` from the project root (one thread, the checkout first on the path); it must succeed."""
+    """Run ``cmd`` from the project root (``OMP_NUM_THREADS`` threads, the checkout first on the path); it must succeed."""
     import subprocess
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc

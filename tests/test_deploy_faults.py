@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from deploy_support import DEPLOY_CONFIG, FaultyGrid, assert_same_weights, needs_openssl, reference_run
 
 from client.app import app as client_app
@@ -172,10 +173,14 @@ def test_server_killed_after_round_1_and_restarted_ends_with_the_same_model(depl
 
 
 @needs_openssl
-def test_a_client_that_hangs_rejoins_and_then_dies_does_not_stop_the_run(deployment, tmp_path):
+@pytest.mark.parametrize("method", [{}, {"algorithm": "scaffold", "clip": "off", "checkpoint-every": 1}],
+                         ids=["celgc", "scaffold"])
+def test_a_client_that_hangs_rejoins_and_then_dies_does_not_stop_the_run(deployment, tmp_path, method):
+    """SCAFFOLD too: the server commits no c_i+ for the lost replies, so its checkpointed c stays the
+    mean of the clients' c_i, and the run equals the simulation with the same failures."""
     d = deployment
     timeout = 25.0
-    config = {**DEPLOY_CONFIG, "num-rounds": 3, "min-replies": 1, "round-timeout": timeout}
+    config = {**DEPLOY_CONFIG, "num-rounds": 3, "min-replies": 1, "round-timeout": timeout, **method}
     reference = reference_run(tmp_path / "sim", failures={1: {1, 3}}, **config)
     folder = tmp_path / "results" / "faults"
     submit = d.submit_in_background({**config, "results-dir": str(tmp_path / "results"), "run-name": "faults"}, 400)
@@ -193,3 +198,9 @@ def test_a_client_that_hangs_rejoins_and_then_dies_does_not_stop_the_run(deploym
     assert [r["replies"] for r in rows[1:]] == [1, 2, 1]
     assert rows[1]["failures"] == rows[3]["failures"] == [f"partition 1: no reply within round-timeout ({timeout:g} s)"]
     assert_same_weights(folder, reference)  # = the simulation with the same failures
+    if method:
+        held = load_checkpoint(folder).strategy_state
+        for name in [k.removeprefix("control/") for k in held if k.startswith("control/")]:
+            c_i = [held.get(f"client-control/{i}/{name}", torch.zeros_like(held[f"control/{name}"])) for i in (0, 1)]
+            torch.testing.assert_close(held[f"control/{name}"].double(), sum(c.double() for c in c_i) / 2,
+                                       rtol=0, atol=1e-6)

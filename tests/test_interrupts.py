@@ -24,7 +24,7 @@ pytestmark = pytest.mark.realproc
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 def _overrides(values: dict) -> str:

@@ -82,7 +82,7 @@ class TwoHosts:
         return self.ns.client_ip(i)
 
     def env(self, i: int, **extra: str) -> dict[str, str]:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), TAG_VAR: self.tag,
+        env = {**os.environ, "PYTHONPATH": str(ROOT), TAG_VAR: self.tag,
                "PATH": os.pathsep.join([str(bin_dir()), os.environ.get("PATH", "")]),
                "GLOO_SOCKET_IFNAME": self.ns.client_ifname(i), "RAY_USAGE_STATS_ENABLED": "0"}
         env.pop("RAY_ADDRESS", None)
