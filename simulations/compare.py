@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
@@ -371,7 +372,7 @@ def compare(paths: Sequence[str | Path], out: str | Path, target: float | None =
     manifests = find_manifests(paths)
     if not manifests:
         raise FileNotFoundError(f"no sweep manifest (*.sweep.json) under {', '.join(map(str, paths))}")
-    compared = sorted((load_compared(m) for m in manifests), key=lambda c: (c.setting, _order(c.method)))
+    compared = sorted(distinguish([load_compared(m) for m in manifests]), key=lambda c: (c.setting, _order(c.method)))
     goals: dict[str, float | None] = {}
     for c in compared:
         if c.setting not in goals:
@@ -392,9 +393,29 @@ def compare(paths: Sequence[str | Path], out: str | Path, target: float | None =
     return text, data
 
 
-def _order(method: str) -> tuple[int, str]:
+#: run-config keys that tell apart sweeps of one method in one setting (an N-sweep), as the label shows them
+DISTINGUISH = (("num-clients", "N"), ("batch-size", "b"))
+
+
+def distinguish(compared: list[Compared]) -> list[Compared]:
+    """Sweeps of one method in one setting that differ in a key of ``DISTINGUISH`` (an N-sweep: 'CELGC I=8'
+    at N = 2, 4, ...) get it in their method label ('CELGC I=8, N=4'); others keep theirs."""
+    same: dict[tuple[str, str], list[Compared]] = defaultdict(list)
+    for c in compared:
+        same[(c.setting, c.method)].append(c)
+    for group in same.values():
+        for key, short in DISTINGUISH if len(group) > 1 else ():
+            if len({str(c.runs[0].config.get(key)) for c in group}) > 1:
+                for c in group:
+                    c.method += f", {short}={c.runs[0].config.get(key)}"
+    return compared
+
+
+def _order(method: str) -> tuple[int, list[Any]]:
+    """Methods in a fixed order of families, then naturally ('I=2' before 'I=16')."""
     prefixes = ("CELGC", "EPISODE", "naive", "local SGD", "SCAFFOLD", "single")
-    return next((i for i, p in enumerate(prefixes) if method.startswith(p)), len(prefixes)), method
+    natural = [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", method)]
+    return next((i for i, p in enumerate(prefixes) if method.startswith(p)), len(prefixes)), natural
 
 
 def main(argv: Sequence[str] | None = None) -> int:

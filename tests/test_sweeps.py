@@ -14,8 +14,9 @@ from scipy import stats as scipy_stats
 
 from simulations import runner
 from simulations.compare import compare, load_compared
+from simulations.scaling import scaling
 from simulations.stats import band, summary
-from simulations.summary import load_run
+from simulations.summary import load_run, rounds_to_target
 from simulations.sweep import format_value, last_value, read_manifest, select_point
 from tasks import load_task, partitions, splits, validation_set
 from tasks.config import RunConfig
@@ -384,3 +385,29 @@ def test_compare_reports_epsilon_of_a_dp_sweep_and_tells_it_from_the_same_method
     # no private sweep: no ε column
     text, data = compare([res / "plain.sweep.json"], tmp_path / "cmp2", plots=False)
     assert "ε" not in text and "dp-epsilon" not in data[0]
+
+
+def test_compare_tells_apart_one_method_at_several_n_and_orders_naturally(tmp_path):
+    """An N-sweep of one method in one setting: each sweep's label gets its N; I=2 sorts before I=16."""
+    pytest.importorskip("matplotlib")
+    files = [_file(tmp_path, "seeds = 1\n", name=f"n{n}", **{"num-clients": n}) for n in (4, 2)]
+    files.append(_file(tmp_path, "seeds = 1\n", name="i16", **{"local-steps": 16, "num-rounds": 1}))
+    res = tmp_path / "res"
+    runner.run_all(files, "engine", results_dir=res, jobs=1)
+    _, data = compare([res], tmp_path / "cmp", target=0.5, plots=False)
+    assert [(row["method"], row["selected"]) for row in data] == [
+        ("CELGC I=2, N=2", {}), ("CELGC I=2, N=4", {}), ("CELGC I=16", {})]
+    # the scaling tool: rounds and local steps to the target per sweep, as rounds_to_target finds them
+    text, rows = scaling([res], tmp_path / "sc", "local-steps", target=0.3)
+    for row, name in zip(rows, ("n2", "n4", "i16"), strict=True):
+        run = load_run(res / f"{name}-seed=0")
+        hit = rounds_to_target(run, 0.3)
+        assert row["reached"] == (hit is not None) and row["seeds"] == 1
+        assert row["rounds"]["mean"] == (hit and hit["round"])
+        assert row["steps"]["mean"] == (hit and hit["round"] * row["local-steps"])
+        assert row["final"]["mean"] == run.rows[-1]["test-accuracy"]
+    assert "| digits-homogeneous | CELGC I=16 | 16 | 4 | 1 |" in text
+    assert (tmp_path / "sc" / "digits-homogeneous-to-target.png").stat().st_size > 0
+    assert (tmp_path / "sc" / "digits-homogeneous-curves.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="--against must be one of"):
+        scaling([res], tmp_path / "sc", "lr", target=0.3)
