@@ -15,7 +15,8 @@ selected on validation, its runs over every seed) and writes, per setting (task 
 * ``<setting>-curves.png``: the test metric and the clients' training loss, mean over seeds with the 95 %
   band, against local steps per client and against communication rounds (bytes are rounds times the
   model's size for the methods compared here: ``simulations.compare`` draws them against MB).
-* ``to-target.md`` / ``to-target.json``: the table behind the figures (the numbers the docs quote).
+* ``to-target.md`` / ``to-target.json``: the table behind the figures (the numbers the docs quote), with the
+  share of the local steps that clipped (the rows' ``clip-fraction``, mean over rounds and seeds).
 """
 
 from __future__ import annotations
@@ -52,8 +53,11 @@ def to_target(c: Compared, target: float) -> dict[str, Any]:
     hits = [rounds_to_target(run, target, key, better) for run in c.runs]
     rounds = [h["round"] for h in hits if h is not None]
     finals = summary([v for v in final_values(c) if v is not None])
+    clipped = [[v for _, v in run.series("clip-fraction")] for run in c.runs]
+    clipped = [sum(v) / len(v) for v in clipped if v]  # per seed: the share of its local steps that clipped
     return {"method": c.method, "algorithm": algorithm(c), "seeds": len(c.runs), "reached": len(rounds),
             "rounds": summary(rounds), "steps": summary([r * steps for r in rounds]), "final": finals,
+            "clip-fraction": sum(clipped) / len(clipped) if clipped else None,
             "local-steps": steps, "num-clients": int(c.runs[0].config.get("num-clients") or 1)}
 
 
@@ -67,14 +71,15 @@ def _cell(s: Summary, reached: int, n: int) -> str:
 def table(rows: Sequence[dict[str, Any]], target: float, key: str) -> str:
     pct = 100.0 if key.endswith("accuracy") else 1.0
     lines = [f"| setting | method | I | N | seeds | final test: mean [95 % interval] | target | rounds to target "
-             "| local steps to target |", "|---|---|---|---|---|---|---|---|---|"]
+             "| local steps to target | steps clipped |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         f = r["final"]
+        clipped = "-" if r["clip-fraction"] is None else f"{r['clip-fraction'] * 100:.0f} %"
         final = "-" if f.mean is None else f"{f.mean * pct:.2f}" + (
             "" if f.low is None else f" [{f.low * pct:.2f}, {f.high * pct:.2f}]")
         lines.append(f"| {r['setting']} | {r['method']} | {r['local-steps']} | {r['num-clients']} | {r['seeds']} | "
                      f"{final} | {target * pct:.4g} | {_cell(r['rounds'], r['reached'], r['seeds'])} | "
-                     f"{_cell(r['steps'], r['reached'], r['seeds'])} |")
+                     f"{_cell(r['steps'], r['reached'], r['seeds'])} | {clipped} |")
     return "\n".join(lines) + "\n"
 
 

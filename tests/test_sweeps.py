@@ -406,6 +406,8 @@ def test_compare_tells_apart_one_method_at_several_n_and_orders_naturally(tmp_pa
         assert row["rounds"]["mean"] == (hit and hit["round"])
         assert row["steps"]["mean"] == (hit and hit["round"] * row["local-steps"])
         assert row["final"]["mean"] == run.rows[-1]["test-accuracy"]
+        clipped = [r["clip-fraction"] for r in run.rows if "clip-fraction" in r]
+        assert row["clip-fraction"] == pytest.approx(sum(clipped) / len(clipped))
     assert "| digits-homogeneous | CELGC I=16 | 16 | 4 | 1 |" in text
     assert (tmp_path / "sc" / "digits-homogeneous-to-target.png").stat().st_size > 0
     assert (tmp_path / "sc" / "digits-homogeneous-curves.png").stat().st_size > 0
