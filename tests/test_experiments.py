@@ -74,6 +74,30 @@ def test_heterogeneity_sweeps_give_every_method_the_same_budget_and_five_seeds()
         assert len(plan.grid["lr"]) >= 3
 
 
+def test_i_and_n_sweeps_keep_the_budget_and_one_point_per_protocol():
+    """Communication against I: 160 local steps per client at every I in 1..32, N = 8, 5 seeds; Protocol A one
+    (lr, clip) per split for every I, Protocol B each I on its own grid. Speedup in N: N in 1..16, the same steps,
+    batch and (lr, clip) for every N and both methods."""
+    def plans(folder):
+        return {p.stem: load_plan(p, results_dir="unused") for p in sorted((EXPERIMENTS / folder).glob("*.toml"))}
+
+    for folder in ("isweep-digits", "isweep-digits-tuned"):
+        for name, plan in plans(folder).items():
+            cfg = RunConfig.from_mapping(plan.base)
+            assert cfg.num_rounds * cfg.local_steps == 160 and cfg.num_clients == 8 and cfg.batch_size == 32, name
+            assert plan.seeds == [0, 1, 2, 3, 4] and cfg.valid_fraction == 0.1, name
+            assert bool(plan.grid) == (folder.endswith("tuned") or name.endswith("naive")), name
+    fixed = plans("isweep-digits")
+    for split in ("iid", "a0.1"):
+        celgc = [RunConfig.from_mapping(p.base) for k, p in fixed.items() if k.startswith(f"{split}-celgc")]
+        assert sorted(c.local_steps for c in celgc) == [1, 2, 4, 8, 16, 32]
+        assert len({(c.lr, c.clip) for c in celgc}) == 1
+    cfgs = {k: RunConfig.from_mapping(p.base) for k, p in plans("nsweep-digits").items()}
+    assert sorted(c.num_clients for c in cfgs.values()) == [1, 2, 2, 4, 4, 8, 8, 16, 16]
+    assert {(c.num_rounds * c.local_steps, c.batch_size, c.lr, c.clip) for c in cfgs.values()} == {(240, 32, 1.0, 0.3)}
+    assert {c.algorithm for c in cfgs.values()} == {"single", "celgc", "naive"}
+
+
 @pytest.mark.parametrize("folder", ["cifar10", "cifar10-hetero", "ptb", "ptb-hetero", "wikitext2", "wikitext2-hetero"])
 def test_paper_settings_and_equal_epoch_budgets(folder):
     cfgs = {p.stem: RunConfig.from_toml(p) for p in sorted((EXPERIMENTS / folder).glob("*.toml"))}
