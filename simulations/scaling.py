@@ -33,7 +33,7 @@ from typing import Any
 from .compare import Compared, _order, distinguish, final_values, load_compared
 from .stats import Summary, band, summary
 from .summary import rounds_to_target
-from .sweep import find_manifests
+from .sweep import find_manifests, format_value
 
 AGAINST = {"local-steps": "I (local steps per round)", "num-clients": "N (clients)"}
 
@@ -58,7 +58,8 @@ def to_target(c: Compared, target: float) -> dict[str, Any]:
     return {"method": c.method, "algorithm": algorithm(c), "seeds": len(c.runs), "reached": len(rounds),
             "rounds": summary(rounds), "steps": summary([r * steps for r in rounds]), "final": finals,
             "clip-fraction": sum(clipped) / len(clipped) if clipped else None,
-            "local-steps": steps, "num-clients": int(c.runs[0].config.get("num-clients") or 1)}
+            "local-steps": steps, "num-clients": int(c.runs[0].config.get("num-clients") or 1),
+            "lr": c.runs[0].config.get("lr"), "clip": c.runs[0].config.get("clip")}
 
 
 def _cell(s: Summary, reached: int, n: int) -> str:
@@ -70,14 +71,15 @@ def _cell(s: Summary, reached: int, n: int) -> str:
 
 def table(rows: Sequence[dict[str, Any]], target: float, key: str) -> str:
     pct = 100.0 if key.endswith("accuracy") else 1.0
-    lines = [f"| setting | method | I | N | seeds | final test: mean [95 % interval] | target | rounds to target "
-             "| local steps to target | steps clipped |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"| setting | method | I | N | η, γ | seeds | final test: mean [95 % interval] | target | rounds to target "
+             "| local steps to target | steps clipped |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         f = r["final"]
         clipped = "-" if r["clip-fraction"] is None else f"{r['clip-fraction'] * 100:.0f} %"
         final = "-" if f.mean is None else f"{f.mean * pct:.2f}" + (
             "" if f.low is None else f" [{f.low * pct:.2f}, {f.high * pct:.2f}]")
-        lines.append(f"| {r['setting']} | {r['method']} | {r['local-steps']} | {r['num-clients']} | {r['seeds']} | "
+        lines.append(f"| {r['setting']} | {r['method']} | {r['local-steps']} | {r['num-clients']} | "
+                     f"{format_value(r['lr'])}, {format_value(r['clip'])} | {r['seeds']} | "
                      f"{final} | {target * pct:.4g} | {_cell(r['rounds'], r['reached'], r['seeds'])} | "
                      f"{_cell(r['steps'], r['reached'], r['seeds'])} | {clipped} |")
     return "\n".join(lines) + "\n"
@@ -101,6 +103,8 @@ def figures(group: list[Compared], rows: list[dict[str, Any]], setting: str, aga
     from .plots import _pyplot, _slug
 
     plt = _pyplot()
+    from matplotlib import ticker
+
     key = group[0].metric[0]
     written = []
     # --- to target against the swept key
@@ -137,7 +141,6 @@ def figures(group: list[Compared], rows: list[dict[str, Any]], setting: str, aga
     if naive and naive[0]["rounds"].mean is not None:
         axes[0].plot(every, [naive[0]["rounds"].mean / x for x in every], "k--", lw=1,
                      label="naive's rounds / I (the paper's claim)")
-        axes[1].axhline(naive[0]["steps"].mean, color="k", ls=":", lw=1)
     if against == "num-clients":
         base = [r for r in (single or rows) if r["num-clients"] == 1 and r["steps"].mean is not None]
         if base:
@@ -147,6 +150,9 @@ def figures(group: list[Compared], rows: list[dict[str, Any]], setting: str, aga
                           strict=True):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_xticks(every, [str(x) for x in every])
         ax.set_xlabel(AGAINST.get(against, against))
         ax.set_ylabel(ylabel)

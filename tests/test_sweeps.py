@@ -408,7 +408,8 @@ def test_compare_tells_apart_one_method_at_several_n_and_orders_naturally(tmp_pa
         assert row["final"]["mean"] == run.rows[-1]["test-accuracy"]
         clipped = [r["clip-fraction"] for r in run.rows if "clip-fraction" in r]
         assert row["clip-fraction"] == pytest.approx(sum(clipped) / len(clipped))
-    assert "| digits-homogeneous | CELGC I=16 | 16 | 4 | 1 |" in text
+    cfg = load_run(res / "i16-seed=0").config
+    assert f"| digits-homogeneous | CELGC I=16 | 16 | 4 | {format_value(cfg['lr'])}, {format_value(cfg['clip'])} | 1 |" in text
     assert (tmp_path / "sc" / "digits-homogeneous-to-target.png").stat().st_size > 0
     assert (tmp_path / "sc" / "digits-homogeneous-curves.png").stat().st_size > 0
     with pytest.raises(ValueError, match="--against must be one of"):
