@@ -36,6 +36,7 @@ from .summary import rounds_to_target
 from .sweep import find_manifests, format_value
 
 AGAINST = {"local-steps": "I (local steps per round)", "num-clients": "N (clients)"}
+SHORT = {"local-steps": "I", "num-clients": "N"}
 
 
 def algorithm(c: Compared) -> str:
@@ -135,7 +136,7 @@ def figures(group: list[Compared], rows: list[dict[str, Any]], setting: str, aga
                 ax.axhspan(ys[0] - err[0][0], ys[0] + err[1][0], color="k", alpha=0.1)
                 continue
             ax.errorbar(xs, ys, yerr=err, fmt="o-", capsize=3,
-                        label=label + "".join(f" ({r['reached']}/{r['seeds']} reached at {against}={r[against]})"
+                        label=label + "".join(f" ({r['reached']}/{r['seeds']} reached at {SHORT[against]} = {r[against]})"
                                               for r in fam if r["reached"] < r["seeds"]))
     every = sorted({r[against] for r in rows})
     if naive and naive[0]["rounds"].mean is not None:
