@@ -127,10 +127,12 @@ def figures(group: list[Compared], rows: list[dict[str, Any]], setting: str, aga
             continue
         label = {"celgc": "CELGC", "naive": "naive parallel clipping", "single": "single machine"}.get(name, name)
         for ax, what in zip(axes, ("rounds", "steps"), strict=True):
-            xs = [r[against] for r in fam]
-            ys = [r[what].mean for r in fam]
-            err = [[y - (r[what].low if r[what].low is not None else y) for y, r in zip(ys, fam, strict=True)],
-                   [(r[what].high if r[what].high is not None else y) - y for y, r in zip(ys, fam, strict=True)]]
+            # one machine communicates nothing: its "rounds" only group steps, not drawn against N
+            pts = [r for r in fam if what == "steps" or r["algorithm"] != "single" or len(families) == 1]
+            xs = [r[against] for r in pts]
+            ys = [r[what].mean for r in pts]
+            err = [[y - (r[what].low if r[what].low is not None else y) for y, r in zip(ys, pts, strict=True)],
+                   [(r[what].high if r[what].high is not None else y) - y for y, r in zip(ys, pts, strict=True)]]
             if naive is not None and name == "naive":  # not a function of I: its level across the axis
                 ax.axhline(ys[0], color="k", lw=1, label=f"{label} (1 step a round)")
                 ax.axhspan(ys[0] - err[0][0], ys[0] + err[1][0], color="k", alpha=0.1)
