@@ -50,6 +50,13 @@ def _stop_after(proc: subprocess.Popen, results: Path, rounds: int, sig: int, li
     return proc.returncode, err
 
 
+def _as_at_a_terminal() -> None:
+    """In the child before exec: SIGINT as a terminal's foreground job has it. A command started in
+    the background by a shell without job control (``cmd &`` in a script, a CI runner) inherits
+    SIGINT *ignored*, and Python then keeps it ignored: the Ctrl-C tests would test nothing there."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _resume_command(err: str, marker: str = "with: ") -> list[str]:
     line = [x for x in err.splitlines() if marker in x][-1]
     cmd = shlex.split(line.split(marker, 1)[1])
@@ -61,7 +68,8 @@ def _resume_command(err: str, marker: str = "with: ") -> list[str]:
 def test_the_engine_cli_stops_with_one_line_and_the_resume_command(tmp_path, sig, code):
     cmd = [sys.executable, "-m", "simulations.engine", "--quiet", "--run-config",
            _overrides({**RUN, "results-dir": str(tmp_path), "run-name": "r"})]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_as_at_a_terminal)
     rc, err = _stop_after(proc, tmp_path / "r" / "results.jsonl", 2, sig)
     assert rc == code, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
@@ -83,7 +91,7 @@ def test_the_runner_stops_its_pool_with_one_line_and_the_same_command_goes_on(tm
     cmd = [sys.executable, "-m", "simulations.runner", str(sweep), "--backend", "engine", "--results-dir",
            str(tmp_path / "res"), "--jobs", "2"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_as_at_a_terminal)
     try:
         rc, err = _stop_after(proc, tmp_path / "res" / "sw-lr=0.05-seed=0" / "results.jsonl", 1, signal.SIGINT)
     finally:
@@ -112,7 +120,7 @@ def test_the_flower_wrapper_stops_the_run_with_its_superlink_and_says_how_to_res
            "--federation-config", "num-supernodes=2"]
     env = {**_env(), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_as_at_a_terminal)
     try:
         rc, err = _stop_after(proc, tmp_path / "f" / "results.jsonl", 1, signal.SIGTERM, limit=240)
     finally:
