@@ -8,11 +8,14 @@ the given folders. Per sweep (one method in one setting) it takes the grid point
 runs on every seed, and reports the test metric's last value as mean ± sample std with the 95 %
 Student-t interval over the seeds, rounds and MB to the target (mean and interval over the seeds that
 reached it, and how many did), a DP sweep's ε at δ after its last round (a column only when some sweep
-is private), the training time per local step, and the compute time of the whole
+is private), the share of local steps that clipped (``clip_share``), the training time per local step,
+and the compute time of the whole
 sweep (every grid point and seed, as each run's process measured it); and, under each network link
 (``--network``, ``simulations.network``: named links or a TOML file), the modelled time to the target
 (the measured compute plus latency and bytes over the link's downlink and uplink), mean and interval over
-the seeds that reached it, beside rounds and MB. Writes ``comparison.md`` (the tables), ``comparison.json``
+the seeds that reached it, beside rounds and MB; and every tuning point of every sweep with its
+validation score and share of clipped steps (where on its grid a method clips, and what that cost it).
+Writes ``comparison.md`` (the tables), ``comparison.json``
 and per setting (task and split) ``<setting>-bands.png``: the metric's mean
 over seeds with its 95 % band against local steps per client and against MB communicated, and
 ``by-setting.png``: the final metric with its interval per method and setting.
@@ -36,7 +39,7 @@ from strategies.methods import method as method_class
 from .network import NETWORK_HELP, Link, parse_links, run_seconds
 from .stats import Summary, band, summary
 from .summary import Run, common_target, load_run, rounds_to_target
-from .sweep import find_manifests, format_value, last_value, read_manifest, select_point
+from .sweep import find_manifests, format_value, grid_points, last_value, read_manifest, select_point
 
 
 @dataclass
@@ -52,6 +55,7 @@ class Compared:
     valid: Summary
     sweep_runs: int
     compute_seconds: float
+    tuning: list[dict[str, Any]]
 
     @property
     def metric(self) -> tuple[str, str]:
@@ -69,9 +73,12 @@ def load_compared(path: Path) -> Compared:
     tuned_elsewhere = bool(manifest.get("tune"))
     # the selection recomputed from the runs: the manifest must agree with the results
     scores: dict[tuple, list[float | None]] = defaultdict(list)
+    clipped: dict[tuple, list[Run]] = defaultdict(list)
     for name, entry in manifest["runs"].items():
         if entry.get("stage") == 1:
             scores[tuple(entry["values"].items())].append(last_value(folder / name, select))
+            if (folder / name / "results.jsonl").is_file():
+                clipped[tuple(entry["values"].items())].append(load_run(folder / name))
     best = dict(select_point(manifest["grid"], select, scores))
     if best != selected:
         raise ValueError(f"{path}: the manifest's selected point {selected} is not the best on {select} in the "
@@ -87,8 +94,19 @@ def load_compared(path: Path) -> Compared:
     compute = sum(float(e.get("elapsed") or 0.0) for e in manifest["runs"].values())
     z = float(runs[0].config.get("dp-noise-multiplier") or 0.0)
     method = runs[0].label + (f" + DP z={z:g}" if z > 0 else "")  # told apart from the method without DP
+    tuning = [{"values": dict(point), "scores": scores.get(point, []), "clip-share": clip_share(clipped.get(point, [])),
+               "selected": dict(point) == selected} for point in (tuple(p) for p in grid_points(manifest["grid"]))]
     return Compared(manifest["run-name"], runs[0].group, method, selected, runs, select,
-                    summary([v for v in valid if v is not None]), len(manifest["runs"]), compute)
+                    summary([v for v in valid if v is not None]), len(manifest["runs"]), compute, tuning)
+
+
+def clip_share(runs: Sequence[Run]) -> float | None:
+    """The share of local steps that clipped, over ``runs``: per run the mean of its rows' ``clip-fraction``
+    (a round's share of clipped client steps; naive parallel clipping: 1 or 0, its one step a round), then the
+    mean over the runs; None when no row reports one (a method that does not clip)."""
+    per_run = [[v for _, v in run.series("clip-fraction")] for run in runs]
+    per_run = [sum(v) / len(v) for v in per_run if v]
+    return sum(per_run) / len(per_run) if per_run else None
 
 
 def privacy(c: Compared) -> tuple[list[float | None], str]:
@@ -132,9 +150,9 @@ def table(compared: Sequence[Compared], target: dict[str, float | None]) -> tupl
     dp = any(e is not None for c in compared for e in privacy(c)[0])  # the ε column only where a run is private
     lines = ["| setting | method | selected | seeds | " + ("ε at δ | " if dp else "") + "validation ("
              + "/".join(sorted({c.select for c in compared}))
-             + ") | final test: mean ± std | 95 % interval | target | rounds to target | MB to target "
-               "| s per local step | sweep runs | sweep compute (s) |",
-             "|---|---|---|---|" + ("---|" if dp else "") + "---|---|---|---|---|---|---|---|---|"]
+             + ") | final test: mean ± std | 95 % interval | steps clipped | target | rounds to target "
+               "| MB to target | s per local step | sweep runs | sweep compute (s) |",
+             "|---|---|---|---|" + ("---|" if dp else "") + "---|---|---|---|---|---|---|---|---|---|"]
     data = []
     for c in compared:
         key, better = c.metric
@@ -151,7 +169,7 @@ def table(compared: Sequence[Compared], target: dict[str, float | None]) -> tupl
                "metric": key, "final": finals, "final-summary": s.__dict__, "diverged": diverged,
                "valid": c.valid.__dict__, "target": goal, "reached": len(reached),
                "rounds-to-target": rounds.__dict__, "mb-to-target": mbytes.__dict__,
-               "step-seconds": sum(times) / len(times) if times else None,
+               "step-seconds": sum(times) / len(times) if times else None, "clip-share": clip_share(c.runs),
                "sweep-runs": c.sweep_runs, "sweep-compute-seconds": c.compute_seconds}
         epsilons, eps_txt = privacy(c)
         if dp:
@@ -166,11 +184,37 @@ def table(compared: Sequence[Compared], target: dict[str, float | None]) -> tupl
         ci = "-" if s.low is None else f"[{s.low * pct:.2f}, {s.high * pct:.2f}]"
         lines.append(
             f"| {c.setting} | {c.method} | {sel} | {len(c.runs)} | {eps_txt + ' | ' if dp else ''}"
-            f"{_fmt(c.valid, vscale)} | {final_txt} | {ci} | "
+            f"{_fmt(c.valid, vscale)} | {final_txt} | {ci} | {_share(row['clip-share'])} | "
             f"{'-' if goal is None else f'{goal * pct:.4g}'} | {_interval(rounds, len(reached), len(c.runs), 0)} | "
             f"{_interval(mbytes, len(reached), len(c.runs), 1)} | "
             f"{'-' if not times else f'{sum(times) / len(times) * 1e3:.2f} ms'} | {c.sweep_runs} | {c.compute_seconds:.0f} |")
     return "\n".join(lines) + "\n", data
+
+
+def _share(share: float | None) -> str:
+    return "-" if share is None else f"{share * 100:.0f} %"
+
+
+def tuning_table(compared: Sequence[Compared]) -> str:
+    """Every tuning point of every sweep: its validation score (mean over the tuning seeds; a run that
+    diverged or did not finish shows as such) and its share of clipped steps; the selected point marked."""
+    lines = ["| setting | method | point | validation | steps clipped | selected |", "|---|---|---|---|---|---|"]
+    for c in compared:
+        vscale = 100.0 if c.select.endswith("accuracy") else 1.0
+        for point in c.tuning:
+            scores = point["scores"]
+            found = [s for s in scores if s is not None]
+            if not scores:
+                score = "not run"
+            elif not found:
+                score = "diverged"
+            else:
+                score = f"{sum(found) / len(found) * vscale:.4g}" + (
+                    f" ({len(scores) - len(found)} of {len(scores)} diverged)" if len(found) < len(scores) else "")
+            values = ", ".join(f"{_greek(k)} {format_value(v)}" for k, v in point["values"].items()) or "-"
+            lines.append(f"| {c.setting} | {c.method} | {values} | {score} | {_share(point['clip-share'])} | "
+                         f"{'yes' if point['selected'] else ''} |")
+    return "\n".join(lines) + "\n"
 
 
 def _greek(key: str) -> str:
@@ -382,8 +426,12 @@ def compare(paths: Sequence[str | Path], out: str | Path, target: float | None =
     timed, per_sweep = network_table(compared, goals, parse_links(None) if links is None else links)
     if timed:
         text += "\n" + timed
+    if any(len(c.tuning) > 1 for c in compared):
+        text += f"\nTuning points (validation: {'/'.join(sorted({c.select for c in compared}))}, mean over the tuning " \
+                "seeds at the tuning budget; steps clipped over the same runs):\n\n" + tuning_table(compared)
     for c, row in zip(compared, data, strict=True):
         row.update(per_sweep.get(c.name, {}))
+        row["tuning"] = c.tuning
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.md").write_text(text)

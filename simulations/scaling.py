@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .compare import Compared, _order, distinguish, final_values, load_compared
+from .compare import Compared, _order, clip_share, distinguish, final_values, load_compared
 from .stats import Summary, band, summary
 from .summary import rounds_to_target
 from .sweep import find_manifests, format_value
@@ -54,11 +54,9 @@ def to_target(c: Compared, target: float) -> dict[str, Any]:
     hits = [rounds_to_target(run, target, key, better) for run in c.runs]
     rounds = [h["round"] for h in hits if h is not None]
     finals = summary([v for v in final_values(c) if v is not None])
-    clipped = [[v for _, v in run.series("clip-fraction")] for run in c.runs]
-    clipped = [sum(v) / len(v) for v in clipped if v]  # per seed: the share of its local steps that clipped
     return {"method": c.method, "algorithm": algorithm(c), "seeds": len(c.runs), "reached": len(rounds),
             "rounds": summary(rounds), "steps": summary([r * steps for r in rounds]), "final": finals,
-            "clip-fraction": sum(clipped) / len(clipped) if clipped else None,
+            "clip-fraction": clip_share(c.runs),
             "local-steps": steps, "num-clients": int(c.runs[0].config.get("num-clients") or 1),
             "lr": c.runs[0].config.get("lr"), "clip": c.runs[0].config.get("clip")}
 

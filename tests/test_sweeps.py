@@ -340,7 +340,7 @@ def test_summary_and_band_match_scipy():
 
 def test_compare_reports_the_selected_point_over_seeds_with_intervals(tmp_path):
     pytest.importorskip("matplotlib")
-    path = _file(tmp_path, "lr = [0.05, 0.5]\nseeds = 3\ntune-seeds = 2\n")
+    path = _file(tmp_path, "lr = [0.05, 0.5]\nseeds = 3\ntune-seeds = 2\n", clip=0.1)  # γ/η 0.2 or 2: clipping in some steps
     res = tmp_path / "res"
     runner.run_all([path], "engine", results_dir=res, jobs=1)
     text, data = compare([res], tmp_path / "cmp", target=0.5)
@@ -356,6 +356,19 @@ def test_compare_reports_the_selected_point_over_seeds_with_intervals(tmp_path):
     assert f"η {format_value(lr)}" in text and "digits-homogeneous" in text
     assert (tmp_path / "cmp" / "digits-homogeneous-bands.png").stat().st_size > 0
     assert (tmp_path / "cmp" / "by-setting.png").is_file()
+    # the share of clipped steps: per run the mean of its rows' clip-fraction, then over the seeds
+    shares = [np.mean([r["clip-fraction"] for r in load_run(res / f"sw-lr={lr}-seed={s}").rows if "clip-fraction" in r])
+              for s in range(3)]
+    assert row["clip-share"] == pytest.approx(np.mean(shares)) and 0 < row["clip-share"] <= 1
+    assert f"| {row['clip-share'] * 100:.0f} % |" in next(t for t in text.splitlines() if "digits-homogeneous" in t)
+    # every tuning point with its validation score (mean over the 2 tuning seeds) and its clipped share
+    assert [p["values"] for p in row["tuning"]] == [{"lr": 0.05}, {"lr": 0.5}]
+    for p in row["tuning"]:
+        folders = [res / f"sw-lr={format_value(p['values']['lr'])}-seed={s}" for s in range(2)]
+        assert p["scores"] == [last_value(f, "valid-accuracy") for f in folders]
+        assert p["selected"] == (p["values"]["lr"] == lr)
+        line = f"| η {format_value(p['values']['lr'])} | {np.mean(p['scores']) * 100:.4g} | {p['clip-share'] * 100:.0f} % |"
+        assert line in text
     # a manifest whose selection disagrees with the results is refused
     manifest["selected"] = {"lr": 0.5 if lr == 0.05 else 0.05}
     (res / "sw.sweep.json").write_text(json.dumps(manifest))
