@@ -211,15 +211,20 @@ def resume_resets(cfg: RunConfig, task: object, strategy: object) -> str | None:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    cfg = None
     try:
-        run(grid, RunConfig.from_mapping(dict(context.run_config)))
-    except Exception as exc:
-        log(ERROR, "%s %s", FAILED_MARK, one_line(exc))  # the cause (and fix) first, before Flower's traceback
+        cfg = RunConfig.from_mapping(dict(context.run_config))
+        run(grid, cfg)
+    except Exception as exc:  # the cause (and fix) first, before Flower's traceback, naming the run's method
+        what = "" if cfg is None else f" ({method(cfg.algorithm).label(cfg.local_steps)} on {cfg.task})"
+        log(ERROR, "%s%s: %s", FAILED_MARK, what, one_line(exc))
         raise
 
 
-#: the line a failed run's log starts its cause with (``simulations.flower.RunFailed`` shows it first)
-FAILED_MARK = "CELGC run failed:"
+#: the words a failed run's log line starts its cause with (``simulations.flower.RunFailed`` shows that line
+#: first): ``celgc run failed (<method> on <task>): <exception>: <message>`` -- the project's name, not a
+#: method's: the method follows in brackets once the run config was read
+FAILED_MARK = "celgc run failed"
 
 
 def one_line(exc: BaseException) -> str:

@@ -89,7 +89,7 @@ def test_more_nodes_than_clients_fails_with_the_fix_first(tmp_path, caplog):
     assert str(err.value).startswith('run with --federation-config "num-supernodes=4" (or fewer')
     assert "num-partitions=5 but the run asks for num-clients=4" in str(err.value)
     # logged, with the exception's name, before Flower's traceback
-    assert caplog.records[0].getMessage() == f"CELGC run failed: FederationError: {err.value}"
+    assert caplog.records[0].getMessage() == f"celgc run failed (CELGC I=4 on digits): FederationError: {err.value}"
 
 
 def test_num_clients_zero_follows_the_federation(tmp_path):

@@ -87,10 +87,11 @@ def test_the_failure_cause_is_read_from_the_serverapps_log() -> None:
     assert FAILED_MARK == server.app.FAILED_MARK
     line = server.app.one_line(ValueError("batch-size (1000) exceeds\n the smallest client's 179 examples"))
     assert line == "ValueError: batch-size (1000) exceeds the smallest client's 179 examples"
-    log = f"INFO :      Starting\n\x1b[91mERROR \x1b[0m:     {FAILED_MARK} {line}\nTraceback (most recent call last):\n  x"
-    assert failure_cause(log) == f"{FAILED_MARK} {line}"
+    cause = f"{FAILED_MARK} (EPISODE I=8 on digits): {line}"
+    log = f"INFO :      Starting\n\x1b[91mERROR \x1b[0m:     {cause}\nTraceback (most recent call last):\n  x"
+    assert failure_cause(log) == cause
     failed = RunFailed(7, "finished:failed", "Traceback ...", "ServerApp raised an exception", failure_cause(log))
-    assert str(failed).splitlines()[0] == f"{FAILED_MARK} {line}"
+    assert str(failed).splitlines()[0] == cause
     assert failure_cause("Traceback (most recent call last):") == ""
 
 

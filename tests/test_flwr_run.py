@@ -4,6 +4,7 @@ Pass or fail comes from the run's status (`flwr ls`), never from `flwr run`'s ex
 (it exits 0 for failed runs too).
 """
 
+import re
 from pathlib import Path
 
 import pytest
@@ -54,8 +55,8 @@ def test_federation_of_the_wrong_size_is_a_failed_run_with_the_fix(superlink, tm
     text = f"{info.value}\n{info.value.logs_tail}\n{info.value.details}"
     assert "num-supernodes=3" in text and "num-partitions=4" in text
     # the one-line cause comes first (before Flower's traceback and the status line)
-    assert str(info.value).startswith('CELGC run failed: FederationError: run with --federation-config '
-                                      '"num-supernodes=3"')
+    assert re.match(r'celgc run failed \(CELGC I=\d+ on \w+\): FederationError: run with --federation-config '
+                    r'"num-supernodes=3"', str(info.value))
 
 
 def test_flwr_run_carries_client_state_across_rounds(superlink, tmp_path, corpus):

@@ -105,7 +105,7 @@ def run_main(argv: Sequence[str]) -> int:
             return report(PROG, exc, f"stopped waiting; a run already submitted goes on on {ns.address} "
                                      "(flwr stop RUN_ID stops it)")
         again = command_line("simulations.flower", list(argv), "--run-config", "resume=true")
-        return report(PROG, exc, "stopped the run with its local SuperLink; a CELGC run keeps its rows and last "
+        return report(PROG, exc, "stopped the run with its local SuperLink; a run of this project's app keeps its rows and last "
                                  "checkpoint in its run folder (the ServerApp logged it): resume it with the same "
                                  f"run-name: {again}")
     except RunFailed as exc:

@@ -38,7 +38,7 @@ __all__ = ["STATUS_COMPLETED", "STATUS_FAILED", "STATUS_STOPPED", "FlowerCliErro
 STATUS_COMPLETED = "finished:completed"
 STATUS_FAILED = "finished:failed"
 STATUS_STOPPED = "finished:stopped"
-FAILED_MARK = "CELGC run failed:"  # server.app.FAILED_MARK (not imported: simulations.flower runs any app)
+FAILED_MARK = "celgc run failed"  # server.app.FAILED_MARK (not imported: simulations.flower runs any app)
 _KEY_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -66,7 +66,7 @@ class RunFailed(RuntimeError):
 
 
 def failure_cause(logs: str) -> str:
-    """The one-line cause the ServerApp logged (``CELGC run failed: ...``), or ""."""
+    """The one-line cause the ServerApp logged (``celgc run failed (<method> on <task>): ...``), or ""."""
     for line in reversed(strip_ansi(logs).splitlines()):
         if FAILED_MARK in line:
             return line[line.index(FAILED_MARK):].strip()
