@@ -61,6 +61,7 @@ from tasks.config import RunConfig
 from tasks.device import pick_device
 from tasks.overrides import parse_overrides
 from tasks.protocol import Task, draw_batches, example_counter, is_stateful, lr_scale_bound, training_loss
+from tasks.runs.checkpoint import CLIENT_RECORDS as CHECKPOINT_CLIENT_RECORDS
 from tasks.runs.checkpoint import Checkpoint, resume_point, split_client_records
 from tasks.runs.evaluation import Evaluator
 from tasks.runs.recorder import RunRecorder
@@ -81,9 +82,9 @@ def engine_device(cfg: RunConfig, world: World) -> torch.device:
     return device
 
 
-#: the clients' own state a checkpoint keeps (``tasks.runs.checkpoint.CLIENT_RECORDS``): entry prefix -> the
+#: the clients' own state a checkpoint keeps: entry prefix (``tasks.runs.checkpoint.CLIENT_RECORDS``) -> the
 #: Engine attribute holding it by client id
-CLIENT_RECORDS = {"client-state": "client_state", "client-memory": "memory"}
+CLIENT_RECORDS = dict(zip(CHECKPOINT_CLIENT_RECORDS, ("client_state", "memory"), strict=True))
 
 
 @dataclass
