@@ -441,13 +441,15 @@ def compare(paths: Sequence[str | Path], out: str | Path, target: float | None =
     return text, data
 
 
-#: run-config keys that tell apart sweeps of one method in one setting (an N-sweep), as the label shows them
-DISTINGUISH = (("num-clients", "N"), ("batch-size", "b"))
+#: run-config keys that tell apart sweeps of one method in one setting (an N-sweep; one method at two fixed
+#: points, such as its selected point and one where it clips), as the label shows them
+DISTINGUISH = (("num-clients", "N"), ("batch-size", "b"), ("lr", "η"), ("clip", "γ"))
 
 
 def distinguish(compared: list[Compared]) -> list[Compared]:
     """Sweeps of one method in one setting that differ in a key of ``DISTINGUISH`` (an N-sweep: 'CELGC I=8'
-    at N = 2, 4, ...) get it in their method label ('CELGC I=8, N=4'); others keep theirs."""
+    at N = 2, 4, ...; EPISODE at γ = 4 and at γ = 1) get it in their method label ('CELGC I=8, N=4',
+    'EPISODE I=8, γ=1'), the value of their selected point; others keep theirs."""
     same: dict[tuple[str, str], list[Compared]] = defaultdict(list)
     for c in compared:
         same[(c.setting, c.method)].append(c)
@@ -455,7 +457,7 @@ def distinguish(compared: list[Compared]) -> list[Compared]:
         for key, short in DISTINGUISH if len(group) > 1 else ():
             if len({str(c.runs[0].config.get(key)) for c in group}) > 1:
                 for c in group:
-                    c.method += f", {short}={c.runs[0].config.get(key)}"
+                    c.method += f", {short}={format_value(c.runs[0].config.get(key))}"
     return compared
 
 

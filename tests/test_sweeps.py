@@ -427,3 +427,19 @@ def test_compare_tells_apart_one_method_at_several_n_and_orders_naturally(tmp_pa
     assert (tmp_path / "sc" / "digits-homogeneous-curves.png").stat().st_size > 0
     with pytest.raises(ValueError, match="--against must be one of"):
         scaling([res], tmp_path / "sc", "lr", target=0.3)
+
+
+def test_compare_tells_apart_one_method_at_two_points_by_its_selected_values(tmp_path):
+    """One method twice in one setting: a tuned sweep and a fixed point of another clip (its clipping-active
+    point) are labelled by the values that differ between their selected points, as the label and the
+    figure show them; values they share stay out of the label."""
+    files = [_file(tmp_path, "seeds = 1\nclip = [0.5, 2.0]\n", name="tuned", lr=0.3),
+             _file(tmp_path, "seeds = 1\n", name="active", lr=0.3, clip=0.05)]
+    res = tmp_path / "res"
+    runner.run_all(files, "engine", results_dir=res, jobs=1)
+    text, data = compare([res], tmp_path / "cmp", target=0.5, plots=False)
+    tuned = next(row for row in data if row["selected"])
+    assert tuned["method"] == f"CELGC I=2, γ={format_value(tuned['selected']['clip'])}"
+    assert [row["method"] for row in data if not row["selected"]] == ["CELGC I=2, γ=0.05"]
+    assert all("η=" not in row["method"] for row in data)
+    assert f"| {tuned['method']} |" in text and "| CELGC I=2, γ=0.05 |" in text
