@@ -360,7 +360,8 @@ def figures(compared: Sequence[Compared], out: Path) -> list[Path]:
                 continue
             mean, low, high = band(ys)
             lost = len(c.runs) - len(ys)
-            label = (f"{c.method} ({', '.join(f'{_greek(k)}={format_value(v)}' for k, v in c.selected.items())})"
+            point = ", ".join(f"{_greek(k)}={format_value(v)}" for k, v in c.selected.items())
+            label = (c.method + (f" ({point})" if point else "")  # a sweep without a grid has no point to show
                      + (f", {lost}/{len(c.runs)} diverged" if lost else ""))
             for ax, x in zip(axes, (xs, mb), strict=True):
                 line, = ax.plot(x, mean, label=label)
