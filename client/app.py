@@ -19,8 +19,8 @@ from flwr.clientapp import ClientApp
 
 from strategies.clientapp import round_settings
 from strategies.core import client_sampling
-from strategies.flower_api.packing import is_packed, unpack
-from strategies.flower_api.wire import exchange_of, reply_of
+from strategies.flower_api.packing import is_packed
+from strategies.flower_api.wire import arrays_of, exchange_of, reply_of, tensors
 from strategies.methods import client_side
 from tasks import cached_task, partitions
 from tasks.config import RunConfig
@@ -162,10 +162,10 @@ def evaluate(msg: Message, context: Context) -> Message:
         cached_task(cfg), [partitions(cfg)[p] for p in node_clients(context, cfg)])
     device = pick_device(cfg.device)
     model = task.build_model().to(device)
-    content, why = unpack(msg.content)
-    if why is not None:
-        raise ValueError(why)
-    model.load_state_dict(content["arrays"].to_torch_state_dict())
+    records, _ = arrays_of(msg.content)
+    if "arrays" not in records:
+        raise ValueError(f"an evaluate message carries the model as 'arrays', got {sorted(records)}")
+    model.load_state_dict(tensors(records["arrays"]))
     each = [(task.evaluate_indices(model, device, idx), len(idx)) for idx in parts]
     total = sum(n for _, n in each)
     metrics = dict(each[0][0]) if len(each) == 1 else {  # a node's clients together, weighted by their examples

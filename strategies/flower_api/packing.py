@@ -9,6 +9,12 @@ left as they are. ``unpack`` restores the ArrayRecords exactly (same names, keys
 dtypes, shapes and bytes), so every check of a reply runs on what the client sent, as for an
 unpacked one. A malformed layout is a reason to reject, never an exception that ends a run.
 
+Copies (a model of the paper's size is 96 MB): ``pack_arrays`` writes the payload with ONE copy
+of every array's bytes -- from a tensor's memory, or from the raw part of an ``Array``'s
+``.npy`` bytes, never through ``np.save`` / ``np.load`` -- straight into the ``.npy`` bytes of
+the packed ``Array``; ``unpack_arrays`` reads the payload with ONE copy, into the tensors the
+reader uses (``unpack`` rebuilds Flower ``ArrayRecord``s on top, for readers that want them).
+
 Both sides of this project speak it: the ServerApp packs its train messages (``packed=True``
 on the strategy), this project's ClientApp unpacks them and answers a packed message packed
 (a plain one plain); the strategy unpacks any reply that is packed and reads any other as before, so a foreign
@@ -18,10 +24,14 @@ ServerApp with the strategy's default (``packed=False``) sends plain messages.
 
 from __future__ import annotations
 
+import io
 import json
 import math
+from collections.abc import Mapping
+from typing import Union
 
 import numpy as np
+import torch
 from flwr.app import Array, ArrayRecord, RecordDict
 
 #: the name of the one ArrayRecord of a packed RecordDict; it holds ONE uint8 array, ``PAYLOAD``:
@@ -36,45 +46,131 @@ MAX_ARRAYS = 100_000
 #: dtypes a packed message may carry (numpy names; little-endian on the wire)
 DTYPES = {name: np.dtype(name).newbyteorder("<") for name in
           ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "bool")}
+#: Flower's serialisation type of an ``Array`` holding ``.npy`` bytes
+NUMPY_STYPE = "numpy.ndarray"
+
+#: what ``pack_arrays`` takes as one array: a tensor, a NumPy array or a Flower ``Array``
+Packable = Union[torch.Tensor, np.ndarray, Array]
 
 
 def is_packed(content: RecordDict) -> bool:
     return PACKED in content.array_records
 
 
-def pack(content: RecordDict) -> RecordDict:
-    """``content`` with all its ArrayRecords in one (``PACKED``); other records as they are."""
-    layout, chunks = [], []
-    for name, record in content.array_records.items():
+# --- writing ---------------------------------------------------------------------------------------------------
+def _raw(name: str, key: str, value: Packable) -> tuple[str, list[int], memoryview]:
+    """(dtype name, shape, the array's bytes in C order, little-endian) without a copy where the
+    value already holds them so: a contiguous CPU tensor's memory, an ``Array``'s raw ``.npy`` body."""
+    if isinstance(value, Array):
+        raw = _npy_body(value)
+        if raw is not None:
+            return raw
+        value = value.numpy()
+    elif isinstance(value, torch.Tensor):
+        value = value.detach().cpu().contiguous().numpy()
+    a = np.asarray(value)
+    if a.dtype.name not in DTYPES:
+        raise TypeError(f"pack: array {name}/{key} has dtype {a.dtype.name}, not one of {sorted(DTYPES)}")
+    a = np.asarray(a, dtype=DTYPES[a.dtype.name], order="C")  # (np.ascontiguousarray makes 0-d arrays 1-d)
+    return a.dtype.name, list(a.shape), memoryview(a.reshape(-1).view(np.uint8))
+
+
+def _npy_body(array: Array) -> tuple[str, list[int], memoryview] | None:
+    """An ``Array``'s dtype, shape and raw bytes read from its ``.npy`` header (a view); None where
+    the bytes are not a plain C-order little-endian array of a packable dtype (then read by numpy)."""
+    if array.stype != NUMPY_STYPE:
+        return None
+    try:
+        head = io.BytesIO(array.data[:4096])
+        version = np.lib.format.read_magic(head)
+        reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = reader(head)
+    except (ValueError, OSError):
+        return None
+    little = dtype.byteorder in ("<", "|") or (dtype.byteorder == "=" and np.little_endian)
+    if fortran or dtype.name not in DTYPES or not little:
+        return None
+    start = head.tell()
+    if len(array.data) - start != math.prod(shape) * dtype.itemsize:
+        return None
+    return dtype.name, list(shape), memoryview(array.data)[start:]
+
+
+def npy_bytes(parts: list, nbytes: int) -> bytes:
+    """The ``.npy`` bytes of a uint8 vector of ``nbytes`` made of ``parts`` (bytes-like), in ONE copy."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "|u1", "fortran_order": False, "shape": (nbytes,)})
+    return b"".join([header.getvalue(), *parts])
+
+
+def pack_arrays(records: Mapping[str, Mapping[str, Packable]]) -> Array:
+    """ONE uint8 ``Array`` holding every array of ``records`` (record name -> key -> array) and the layout."""
+    layout, chunks, size = [], [], 0
+    for name, record in records.items():
         entries = []
-        for key, array in record.items():
-            a = array.numpy()
-            if a.dtype.name not in DTYPES:
-                raise TypeError(f"pack: array {name}/{key} has dtype {a.dtype.name}, not one of {sorted(DTYPES)}")
-            chunks.append(np.ascontiguousarray(a, dtype=DTYPES[a.dtype.name]).tobytes())
-            entries.append([key, a.dtype.name, list(a.shape)])
+        for key, value in record.items():
+            dtype, shape, raw = _raw(name, key, value)
+            chunks.append(raw)
+            size += raw.nbytes
+            entries.append([key, dtype, shape])
         layout.append([name, entries])
     head = json.dumps(layout, separators=(",", ":")).encode()
-    payload = b"".join([MAGIC, len(head).to_bytes(8, "little"), head, *chunks])
-    out = RecordDict({PACKED: ArrayRecord({PAYLOAD: Array(np.frombuffer(payload, dtype=np.uint8).copy())})})
-    for name, record in content.items():
-        if not isinstance(record, ArrayRecord):
-            out[name] = record
+    prefix = MAGIC + len(head).to_bytes(8, "little") + head
+    payload = npy_bytes([prefix, *chunks], len(prefix) + size)
+    return Array(dtype="uint8", shape=(len(prefix) + size,), stype=NUMPY_STYPE, data=payload)
+
+
+def packed_content(payload: Array, others: Mapping[str, object] = ()) -> RecordDict:
+    """A RecordDict of the packed ``payload`` and the message's other (config, metric) records."""
+    out = RecordDict({PACKED: ArrayRecord({PAYLOAD: payload})})
+    for name, record in dict(others).items():
+        out[name] = record
     return out
+
+
+def pack(content: RecordDict) -> RecordDict:
+    """``content`` with all its ArrayRecords in one (``PACKED``); other records as they are."""
+    payload = pack_arrays({name: dict(record) for name, record in content.array_records.items()})
+    return packed_content(payload, {n: r for n, r in content.items() if not isinstance(r, ArrayRecord)})
+
+
+# --- reading ---------------------------------------------------------------------------------------------------
+def unpack_arrays(content: RecordDict) -> tuple[dict[str, dict[str, torch.Tensor]] | None, str | None]:
+    """The array records a packed ``content`` carries, as tensors (record name -> key -> tensor, in
+    the layout's order, each a fresh writable CPU tensor), or (None, None) when ``content`` is not
+    packed, or (None, the reason it cannot be read). Nothing here raises on client input."""
+    if not is_packed(content):
+        return None, None
+    try:
+        return _unpack(content), None
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
+        return None, f"packed arrays could not be read: {exc}"
 
 
 def unpack(content: RecordDict) -> tuple[RecordDict, str | None]:
     """The RecordDict ``content`` stood for (itself when not packed), or (``content``, the reason
     it cannot be read). Nothing here raises on client input."""
-    if not is_packed(content):
-        return content, None
-    try:
-        return _unpack(content), None
-    except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
-        return content, f"packed arrays could not be read: {exc}"
+    arrays, why = unpack_arrays(content)
+    if arrays is None:
+        return content, why
+    out = RecordDict({name: ArrayRecord({k: Array(v.numpy()) for k, v in state.items()})
+                      for name, state in arrays.items()})
+    for name, record in content.items():
+        if name != PACKED:
+            out[name] = record
+    return out, None
 
 
-def _unpack(content: RecordDict) -> RecordDict:
+def _payload_view(array: Array) -> memoryview:
+    """The packed payload's bytes: a view into the ``Array``'s ``.npy`` body (read by numpy where it
+    is not the plain uint8 vector ``pack_arrays`` writes)."""
+    raw = _npy_body(array)
+    if raw is not None:
+        return raw[2]
+    return memoryview(array.numpy())
+
+
+def _unpack(content: RecordDict) -> dict[str, dict[str, torch.Tensor]]:
     others = [n for n in content.array_records if n != PACKED]
     if others:
         raise ValueError(f"a packed message carries no other ArrayRecord, got {others}")
@@ -84,7 +180,7 @@ def _unpack(content: RecordDict) -> RecordDict:
     array = packed[PAYLOAD]
     if array.dtype != "uint8" or len(array.shape) != 1:
         raise ValueError(f"{PAYLOAD!r} must be a uint8 vector, got {array.dtype} {list(array.shape)}")
-    buf = memoryview(array.numpy())
+    buf = _payload_view(array)
     if bytes(buf[:len(MAGIC)]) != MAGIC or len(buf) < len(MAGIC) + 8:
         raise ValueError("the payload does not start with this project's packing header")
     size = int.from_bytes(buf[len(MAGIC):len(MAGIC) + 8], "little")
@@ -95,14 +191,14 @@ def _unpack(content: RecordDict) -> RecordDict:
     if not isinstance(layout, list):
         raise ValueError("the layout must be a list of [record name, entries]")
     offset, count = start + size, 0
-    out = RecordDict()
+    out: dict[str, dict[str, torch.Tensor]] = {}
     for item in layout:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], list)):
             raise ValueError("each layout record is [name, [[key, dtype, shape], ...]]")
         name, entries = item
         if not name or name == PACKED or name in out or name in content:
             raise ValueError(f"record name {name!r} repeats, clashes or is empty")
-        state: dict[str, Array] = {}
+        state: dict[str, torch.Tensor] = {}
         for entry in entries:
             count += 1
             if count > MAX_ARRAYS:
@@ -118,12 +214,9 @@ def _unpack(content: RecordDict) -> RecordDict:
             if offset + nbytes > len(buf):
                 raise ValueError("the layout asks for more bytes than were sent")
             values = np.frombuffer(buf, dtype=DTYPES[dtype], count=math.prod(shape), offset=offset)
-            state[key] = Array(values.astype(np.dtype(dtype), copy=True).reshape(shape))
+            state[key] = torch.from_numpy(values.astype(np.dtype(dtype), copy=True).reshape(shape))
             offset += nbytes
-        out[name] = ArrayRecord(state)
+        out[name] = state
     if offset != len(buf):
         raise ValueError(f"{len(buf) - offset} bytes sent beyond the layout")
-    for name, record in content.items():
-        if name != PACKED:
-            out[name] = record
     return out

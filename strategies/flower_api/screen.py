@@ -19,15 +19,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from flwr.app import Message
+from flwr.app import Message, RecordDict
 
 from ..core.averaging import check_state
 from ..core.buffers import Norm, check_buffers, rules_from_keys
 from ..methods.algorithm import Algorithm
 from ..methods.reduce import ClientResults
 from ..methods.round import GROUP_KINDS, Exchange, Round
-from .packing import unpack
-from .wire import Reply, client_results, is_multi, read_content, split_reply
+from .packing import PACKED, unpack_arrays
+from .wire import Reply, client_results, is_multi, read_content, split_named, split_reply
 
 
 @dataclass(frozen=True)
@@ -60,32 +60,36 @@ def screen(rnd: Round, exchange: Exchange, replies: Sequence[Message], algorithm
     the order of the clients' ids."""
     groups = algorithm.reply_groups(exchange.mode)
     settings = exchange.settings if checks.verify_examples else None
-    unpacked = [(m.metadata.src_node_id, *unpack(m.content)) for m in replies]  # packed replies read as sent
+    opened = [_open(m) for m in replies]  # packed replies read as sent: (node, other records, arrays, reason)
+
+    def read_one(client: int, content, arrays) -> Reply:
+        return read_content(client, content, groups, weighted_by_key=checks.weighted_by_key, settings=settings,
+                            arrays=arrays)
+
     if holders is None:
-        read = [Reply(node, content, reason=why) if why else
-                read_content(node, content, groups, weighted_by_key=checks.weighted_by_key, settings=settings)
-                for node, content, why in unpacked]
+        read = [Reply(node, content, reason=why) if why else read_one(node, content, arrays)
+                for node, content, arrays, why in opened]
     elif not is_multi(holders):  # one client a node, the plain format: the reply is its client's
-        read = [Reply(holders[node][0], content, reason=why) if why else
-                read_content(holders[node][0], content, groups, weighted_by_key=checks.weighted_by_key,
-                             settings=settings)
-                for node, content, why in unpacked if node in holders]
+        read = [Reply(holders[node][0], content, reason=why) if why else read_one(holders[node][0], content, arrays)
+                for node, content, arrays, why in opened if node in holders]
         read.sort(key=lambda r: r.node)
     else:
         read = []
-        for node, content, why in unpacked:
-            parts, strays = split_reply(content, holders.get(node, []))
+        for node, content, arrays, why in opened:
+            clients = holders.get(node, [])
+            parts, strays = split_reply(content, clients)
+            own, array_strays = split_named(arrays, clients) if arrays is not None else (None, [])
+            strays += array_strays
             for pid, part in parts.items():
                 if why:
                     read.append(Reply(pid, part, reason=f"its node's reply: {why}"))
                 elif strays:
                     read.append(Reply(pid, part, reason=f"the reply of its node carries records {strays} of no client "
                                                         "of the message"))
-                elif not part:
+                elif not part and not (own and own[pid]):
                     read.append(Reply(pid, part, reason="its node's reply carries nothing for this client"))
                 else:
-                    read.append(read_content(pid, part, groups, weighted_by_key=checks.weighted_by_key,
-                                             settings=settings))
+                    read.append(read_one(pid, part, own[pid] if own is not None else None))
         read.sort(key=lambda r: r.node)
     refs = references(rnd, read, groups, needs_global=algorithm.needs_global)
     rules = checks.buffer_rules if checks.buffer_rules is not None else rules_from_keys(rnd.state)  # once a screen
@@ -98,6 +102,16 @@ def screen(rnd: Round, exchange: Exchange, replies: Sequence[Message], algorithm
         rnd.reject(r.node, r.reason)
         rnd.received(r.nbytes)
     return Screened(client_results(sound, groups), sound, rejected)
+
+
+def _open(msg: Message) -> tuple[int, RecordDict, dict[str, dict] | None, str | None]:
+    """(sender, the reply's records, its arrays decoded if packed, why it cannot be read): a packed
+    reply's records are its config and metric records, its arrays decoded from the one payload."""
+    node = msg.metadata.src_node_id
+    arrays, why = unpack_arrays(msg.content)
+    if arrays is None:
+        return node, msg.content, None, why
+    return node, RecordDict({n: r for n, r in msg.content.items() if n != PACKED}), arrays, None
 
 
 def references(rnd: Round, read: Sequence[Reply], groups: Sequence[str], *, needs_global: bool

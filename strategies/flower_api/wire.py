@@ -22,10 +22,10 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, Union
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from ..core.averaging import state_nbytes
 from ..core.client_metrics import table_from_records
@@ -33,7 +33,9 @@ from ..core.settings import RoundSettings
 from ..methods.algorithm import Exchange
 from ..methods.reduce import ClientResults, per_client
 from ..methods.replies import parse_metrics
-from .packing import pack, unpack
+from .packing import pack_arrays, packed_content, unpack_arrays
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -61,49 +63,72 @@ def _arrays(state: Mapping[str, torch.Tensor]) -> ArrayRecord:
     return ArrayRecord({k: v.detach().cpu() for k, v in state.items()})
 
 
+#: one record of a message's arrays before it is written: Flower's ``ArrayRecord`` or a state of tensors
+Arrays = Union[ArrayRecord, Mapping[str, torch.Tensor]]
+
+
+def tensors(record: Arrays) -> dict[str, torch.Tensor]:
+    """A record's arrays as tensors (an ``ArrayRecord`` decoded; decoded ones as they are)."""
+    return record.to_torch_state_dict() if isinstance(record, ArrayRecord) else dict(record)
+
+
+def write(records: Mapping[str, Arrays], others: Mapping[str, Any], *, packed: bool,
+          payload: Array | None = None) -> RecordDict:
+    """A message's content: its array ``records`` and its ``others`` (config, metric records) --
+    ``packed``: the arrays in ONE packed record (``payload``: already packed, e.g. shared by the
+    messages of an exchange), others after it; plain: each record an ArrayRecord, in order."""
+    if packed:
+        return packed_content(payload if payload is not None else pack_arrays(records), others)
+    content = RecordDict()
+    for name, record in records.items():
+        content[name] = record if isinstance(record, ArrayRecord) else _arrays(record)
+    for name, record in others.items():
+        content[name] = record
+    return content
+
+
 def messages(exchange: Exchange, arrays: ArrayRecord, config: ConfigRecord, *, arrayrecord_key: str,
              configrecord_key: str, message_type: str = MessageType.TRAIN,
              holders: Mapping[int, Sequence[int]] | None = None, packed: bool = False) -> list[Message]:
     """One Message per client of ``exchange``, or with ``holders`` (node -> the exchange's clients
     it serves) one per node (the caller's ``config`` is copied, never changed); ``packed``: each
-    message's arrays as one packed record (``strategies.flower_api.packing``, for this project's ClientApp)."""
-    out = _messages(exchange, arrays, config, arrayrecord_key=arrayrecord_key, configrecord_key=configrecord_key,
-                    message_type=message_type, holders=holders)
-    if packed:
-        for msg in out:
-            msg.content = pack(msg.content)
+    message's arrays as one packed record (``strategies.flower_api.packing``, for this project's ClientApp);
+    messages that carry the global model alone share one packed payload (packed, hashed and
+    stored once)."""
+    shared: Array | None = None
+    out = []
+    for node, node_config, records in _layouts(exchange, arrays, config, arrayrecord_key, holders):
+        payload = None
+        if packed and len(records) == 1:
+            shared = payload = shared if shared is not None else pack_arrays(records)
+        content = write(records, {configrecord_key: node_config}, packed=packed, payload=payload)
+        out.append(Message(content=content, dst_node_id=node, message_type=message_type))
     return out
 
 
-def _messages(exchange: Exchange, arrays: ArrayRecord, config: ConfigRecord, *, arrayrecord_key: str,
-              configrecord_key: str, message_type: str, holders: Mapping[int, Sequence[int]] | None) -> list[Message]:
+def _layouts(exchange: Exchange, arrays: ArrayRecord, config: ConfigRecord, arrayrecord_key: str,
+             holders: Mapping[int, Sequence[int]] | None) -> list[tuple[int, ConfigRecord, dict[str, Arrays]]]:
+    """(destination node, config, array records) of each message: the global arrays first, then
+    the exchange's per-client arrays (suffixed with the client's id for a multi-client node)."""
     own = ConfigRecord(dict(config))
     for key, value in exchange.settings.to_config().items():
         own[key] = value
-    out = []
     if holders is None:
-        for i, node in enumerate(exchange.clients):
-            content = RecordDict({arrayrecord_key: arrays, configrecord_key: own})
-            for name, per in exchange.arrays.items():
-                content[name] = _arrays(per[i])
-            out.append(Message(content=content, dst_node_id=node, message_type=message_type))
-        return out
+        return [(node, own, {arrayrecord_key: arrays, **{name: per[i] for name, per in exchange.arrays.items()}})
+                for i, node in enumerate(exchange.clients)]
     position = {pid: i for i, pid in enumerate(exchange.clients)}
     if not is_multi(holders):  # one client a node: the plain format, sent to the node
-        for node, (pid,) in holders.items():
-            content = RecordDict({arrayrecord_key: arrays, configrecord_key: own})
-            for name, per in exchange.arrays.items():
-                content[name] = _arrays(per[position[pid]])
-            out.append(Message(content=content, dst_node_id=node, message_type=message_type))
-        return out
+        return [(node, own, {arrayrecord_key: arrays, **{name: per[position[pid]] for name, per in exchange.arrays.items()}})
+                for node, (pid,) in holders.items()]
+    out = []
     for node, clients in holders.items():
         node_config = ConfigRecord(dict(own))
         node_config[CLIENTS_KEY] = [int(pid) for pid in clients]
-        content = RecordDict({arrayrecord_key: arrays, configrecord_key: node_config})
+        records: dict[str, Arrays] = {arrayrecord_key: arrays}
         for pid in clients:
             for name, per in exchange.arrays.items():
-                content[f"{name}.{pid}"] = _arrays(per[position[pid]])
-        out.append(Message(content=content, dst_node_id=node, message_type=message_type))
+                records[f"{name}.{pid}"] = per[position[pid]]
+        out.append((node, node_config, records))
     return out
 
 
@@ -122,18 +147,36 @@ def is_multi(holders: Mapping[int, Sequence[int]] | None) -> bool:
                                     any(len(clients) != 1 for clients in holders.values()))
 
 
-def split_reply(content: RecordDict, clients: Sequence[int]) -> tuple[dict[int, RecordDict], list[str]]:
-    """A multi-client node's reply as one RecordDict per client (``<name>.<id>`` -> ``<name>``),
-    and the names of records that belong to none of ``clients``."""
-    out = {int(pid): RecordDict() for pid in clients}
+def split_named(items: Mapping[str, T], clients: Sequence[int]) -> tuple[dict[int, dict[str, T]], list[str]]:
+    """A multi-client node's named items as one dict per client (``<name>.<id>`` -> ``<name>``), and
+    the names that belong to none of ``clients``."""
+    out: dict[int, dict[str, T]] = {int(pid): {} for pid in clients}
     strays = []
-    for name, record in content.items():
+    for name, item in items.items():
         base, sep, suffix = name.rpartition(".")
         if sep and suffix.isdigit() and int(suffix) in out:
-            out[int(suffix)][base] = record
+            out[int(suffix)][base] = item
         else:
             strays.append(name)
     return out, strays
+
+
+def split_reply(content: RecordDict, clients: Sequence[int]) -> tuple[dict[int, RecordDict], list[str]]:
+    """A multi-client node's reply as one RecordDict per client (``<name>.<id>`` -> ``<name>``),
+    and the names of records that belong to none of ``clients``."""
+    parts, strays = split_named(content, clients)
+    return {pid: RecordDict(part) for pid, part in parts.items()}, strays
+
+
+def arrays_of(content: RecordDict) -> tuple[dict[str, Arrays], RecordDict]:
+    """A message's array records (decoded tensors where it is packed, else its ArrayRecords) and
+    its other records; a packed payload that cannot be read raises ValueError with the reason."""
+    decoded, why = unpack_arrays(content)
+    if why is not None:
+        raise ValueError(why)
+    if decoded is None:
+        return dict(content.array_records), content
+    return dict(decoded), RecordDict({n: r for n, r in content.items() if not isinstance(r, ArrayRecord)})
 
 
 def read_reply(msg: Message, groups: Sequence[str], *, weighted_by_key: str,
@@ -147,8 +190,9 @@ def read_reply(msg: Message, groups: Sequence[str], *, weighted_by_key: str,
 
 
 def read_content(node: int, content: RecordDict, groups: Sequence[str], *, weighted_by_key: str,
-                 settings: RoundSettings | None = None) -> Reply:
-    """``read_reply`` of one client's records (``node``: the client's id in the results)."""
+                 settings: RoundSettings | None = None, arrays: Mapping[str, Arrays] | None = None) -> Reply:
+    """``read_reply`` of one client's records (``node``: the client's id in the results);
+    ``arrays``: its array records already decoded (a packed reply), instead of ``content``'s."""
     records = content.metric_records
     if len(records) != 1:
         return Reply(node, content, reason=f"expected exactly one MetricRecord, got {len(records)}")
@@ -168,7 +212,7 @@ def read_content(node: int, content: RecordDict, groups: Sequence[str], *, weigh
     if reason is not None:
         return Reply(node, content, metrics=metrics, record=record, reason=reason)
     reply = Reply(node, content, metrics=metrics, record=record, weight=float(weight))
-    arrays = content.array_records
+    arrays = content.array_records if arrays is None else arrays
     if tuple(groups) == ("arrays",):
         if len(arrays) != 1:
             reply.reason = f"expected exactly one ArrayRecord, got {len(arrays)}"
@@ -180,7 +224,7 @@ def read_content(node: int, content: RecordDict, groups: Sequence[str], *, weigh
             return reply
         named = {g: arrays[g] for g in groups}
     try:
-        reply.groups = {g: record.to_torch_state_dict() for g, record in named.items()}
+        reply.groups = {g: tensors(record) for g, record in named.items()}
     except Exception as exc:  # a malformed payload must not end the run
         reply.groups = {}
         reply.reason = f"arrays could not be decoded ({exc})"
@@ -213,10 +257,7 @@ def exchange_of(msg: Message, settings: RoundSettings) -> Exchange:
     ``settings`` and the per-client arrays. A message to a multi-client node (``clients`` in its
     config) names its clients, ``ids`` of the exchange; otherwise the exchange has one client,
     id -1 (the node's own). A packed message (``strategies.flower_api.packing``) is read as the one it packs."""
-    content, why = unpack(msg.content)
-    if why is not None:
-        raise ValueError(why)
-    records = content.array_records
+    records, _ = arrays_of(msg.content)
     config = next(iter(msg.content.config_records.values()), {})
     clients = config.get(CLIENTS_KEY)
     if clients is not None:
@@ -225,15 +266,15 @@ def exchange_of(msg: Message, settings: RoundSettings) -> Exchange:
             raise ValueError(f"the round's config names clients={clients!r}: a list of distinct partition ids")
         if "arrays" not in records:
             raise ValueError(f"a message to a multi-client node carries the global model as 'arrays', got {sorted(records)}")
-        parts, strays = split_reply(RecordDict({k: v for k, v in records.items() if k != "arrays"}), clients)
+        parts, strays = split_named({k: v for k, v in records.items() if k != "arrays"}, clients)
         if strays:
             raise ValueError(f"records {strays} name no client of this message (clients {clients})")
         names = {name for part in parts.values() for name in part}
         missing = [(name, pid) for name in sorted(names) for pid, part in parts.items() if name not in part]
         if missing:
             raise ValueError(f"per-client records missing: {', '.join(f'{n}.{p}' for n, p in missing)}")
-        extra = {name: [parts[pid][name].to_torch_state_dict() for pid in clients] for name in sorted(names)}
-        return Exchange(settings, [int(c) for c in clients], records["arrays"].to_torch_state_dict(), extra)
+        extra = {name: [tensors(parts[pid][name]) for pid in clients] for name in sorted(names)}
+        return Exchange(settings, [int(c) for c in clients], tensors(records["arrays"]), extra)
     if len(records) == 1:
         model = next(iter(records))
     elif "arrays" in records:
@@ -241,8 +282,8 @@ def exchange_of(msg: Message, settings: RoundSettings) -> Exchange:
     else:
         raise ValueError(f"a train message with several ArrayRecords carries the global model as 'arrays', got "
                          f"{sorted(records)}")
-    extra = {name: [record.to_torch_state_dict()] for name, record in records.items() if name != model}
-    return Exchange(settings, [-1], records[model].to_torch_state_dict(), extra)
+    extra = {name: [tensors(record)] for name, record in records.items() if name != model}
+    return Exchange(settings, [-1], tensors(records[model]), extra)
 
 
 def _is_id(value: object) -> bool:
@@ -255,10 +296,19 @@ def reply_of(msg: Message, results: ClientResults, extras: Sequence[Mapping[str,
     (``ClientResults.metrics_of``, plus its ``extras``) as a MetricRecord -- under the plain
     names for the one client of a node (``multi`` False), as ``<name>.<id>`` for each client of a
     multi-client node; ``packed``: all arrays in one packed record (``strategies.flower_api.packing``)."""
-    content = RecordDict()
+    records: dict[str, Arrays] = {}
+    others: dict[str, MetricRecord] = {}
     for i, pid in enumerate(results.ids):
         suffix = f".{pid}" if multi else ""
         for name, arrays in results.arrays.items():
-            content[f"{name}{suffix}"] = _arrays(per_client(arrays)[i])
-        content[f"metrics{suffix}"] = MetricRecord({**results.metrics_of(i), **extras[i]})
-    return Message(content=pack(content) if packed else content, reply_to=msg)
+            records[f"{name}{suffix}"] = per_client(arrays)[i]
+        others[f"metrics{suffix}"] = MetricRecord({**results.metrics_of(i), **extras[i]})
+    if packed:
+        return Message(content=write(records, others, packed=True), reply_to=msg)
+    content = RecordDict()  # each client's arrays, then its metrics
+    for i, pid in enumerate(results.ids):
+        suffix = f".{pid}" if multi else ""
+        for name in results.arrays:
+            content[f"{name}{suffix}"] = _arrays(records[f"{name}{suffix}"])
+        content[f"metrics{suffix}"] = others[f"metrics{suffix}"]
+    return Message(content=content, reply_to=msg)

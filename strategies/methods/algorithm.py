@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
-from ..core.bound import check_displacement, norm
+from ..core.bound import check_displacement
 from ..core.schedule import global_epoch, scheduled
 from ..core.settings import ConfigError, Hyper, Mode, RoundSettings
 from .reduce import ClientResults
@@ -267,14 +267,14 @@ class Algorithm(ABC):
         already) cannot come from an honest client of this exchange, or None."""
         if trainable is None or "arrays" not in arrays or not exchange.state:
             return None
-        x0 = norm(exchange.state, trainable)
+        x0 = exchange.state_norm(trainable)
         limit = self.bound(exchange.settings, x0, max_lr_scale)
         if limit is None or not math.isfinite(limit):
             return None
         s = exchange.settings
         return check_displacement(arrays["arrays"], exchange.state, list(trainable), local_steps=s.local_steps,
                                   lr=s.lr, clip=s.clip, weight_decay=s.weight_decay, momentum=s.momentum,
-                                  max_lr_scale=max_lr_scale, bound=limit)
+                                  max_lr_scale=max_lr_scale, bound=limit, x0=x0)
 
     def reply_groups(self, mode: Mode) -> tuple[str, ...]:
         """The array groups a reply of ``mode`` carries."""

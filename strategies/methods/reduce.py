@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..core.averaging import AGGREGATIONS, finalize
+from ..core.averaging import AGGREGATIONS, finalize, finite_flag
 from ..core.client_metrics import COLUMNS, SUMS_WIDTH, finish_metrics, metric_sums, row_metrics
 from ..core.robust_statistics import ROBUST, aggregate
 
@@ -165,7 +165,7 @@ class _Group:
         if self.matrix is not None:
             return torch.isfinite(self.matrix).all(1)
         if self.states is not None:
-            return torch.stack([torch.stack([torch.isfinite(s[k]).all() for k in self.like]).all().to(self.device)
+            return torch.stack([torch.stack([finite_flag(s[k]) for k in self.like]).all().to(self.device)
                                 for s in self.states])
         return torch.ones(self.n, dtype=torch.bool, device=self.device)
 

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from torch import Tensor
 
 from ..core.averaging import state_nbytes
+from ..core.bound import norm_in_pieces
 from ..core.settings import Hyper, Mode, RoundSettings
 from .reduce import AllReduce, ClientResults, Mean, mean, per_client
 
@@ -55,10 +56,18 @@ class Exchange:
     arrays: dict[str, list[Mapping[str, Tensor]]] = field(default_factory=dict)
     final: bool = True
     expected: int | None = None  # clients asked over all processes (None: len(clients))
+    _norms: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def mode(self) -> Mode:
         return self.settings.mode
+
+    def state_norm(self, keys: Sequence[str]) -> float:
+        """|state| over ``keys`` (float64), computed once per exchange: every reply's bound uses it."""
+        key = tuple(keys)
+        if key not in self._norms:
+            self._norms[key] = norm_in_pieces(self.state, key)
+        return self._norms[key]
 
     def sent_bytes(self) -> int:
         """What this exchange's messages carry: the model once per client plus its arrays."""
