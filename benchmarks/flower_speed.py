@@ -55,7 +55,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -64,6 +63,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from benchmarks.process_monitor import ProcessMonitor  # noqa: E402
 from simulations.flower import LocalSuperLink, run_app  # noqa: E402
 from simulations.flower.deploy import Deployment, Namespaces  # noqa: E402
 from simulations.flower.processes import process_tree  # noqa: E402
@@ -77,35 +77,6 @@ SETTINGS = {
     "cross-device": {"task": "benchmarks.cross_device:make_task", "num-clients": 1000, "clients-per-round": 50,
                      "batch-size": 10, "local-steps": 5, "num-rounds": 5, "eval-every": 5, "checkpoint-every": 0},
 }
-
-
-class PeakMemory:
-    """The largest sum of VmRSS over a set of processes, sampled in a thread."""
-
-    def __init__(self, pids) -> None:
-        self.pids, self.peak, self._stop = pids, 0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            total = 0
-            for pid in self.pids():
-                try:
-                    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                        if line.startswith("VmRSS:"):
-                            total += int(line.split()[1]) * 1024
-                except OSError:
-                    continue
-            self.peak = max(self.peak, total)
-            self._stop.wait(0.25)
-
-    def __enter__(self) -> PeakMemory:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def rows_of(folder: Path) -> list[dict]:
@@ -123,19 +94,20 @@ def flwr(values: dict, nodes: int | None, work: Path, name: str) -> dict:
     cwd.mkdir()
     with LocalSuperLink(cwd=cwd) as sl:
         roots = lambda: process_tree([sl.process.pid], tag=sl.tag) if sl.process else {}  # noqa: E731
-        with PeakMemory(roots) as mem:
+        with ProcessMonitor(roots) as mem:
             run_app(ROOT, {**values, "run-name": name}, {"num-supernodes": nodes} if nodes else None, timeout=3000,
                     superlink=sl, poll_interval=0.2, fetch_log=False)
         whole = time.monotonic() - t0
     rows = rows_of(Path(values["results-dir"]) / name)
-    return {"whole": whole, "round": per_round(rows), "peak": mem.peak, "rows": rows}
+    return {"whole": whole, "round": per_round(rows), "peak": mem.peak, "rows": rows, "roles": mem.roles()}
 
 
 def deployment(values: dict, work: Path, name: str, nodes: int = 2, *, isolation: str = "warm",
-               netns: bool = False, app: Path = ROOT) -> dict:
+               netns: bool = False, app: Path = ROOT, plain: dict | None = None) -> dict:
     """A loopback (or ``netns``) deployment with TLS and authenticated SuperNodes, the scripts'
-    defaults but ``isolation``; ``app``: this project, or the plain FedAvg app (its own keys)."""
-    plain = app != ROOT
+    defaults but ``isolation``; ``app``: this project, or the plain FedAvg app (its own keys, with
+    ``plain``'s values: model, local-steps, batch-size, lr)."""
+    is_plain = app != ROOT
     stamp_file = work / f"stamps-{name}.jsonl"
     os.environ[stamps.ENV] = str(stamp_file)  # inherited by the SuperLink, SuperNodes, runners, apps
     t0 = time.monotonic()
@@ -149,8 +121,8 @@ def deployment(values: dict, work: Path, name: str, nodes: int = 2, *, isolation
                 d.register(i)
                 d.start_supernode(i, partition=i, num_partitions=nodes, options=["--isolation", isolation])
             config = ({"num-server-rounds": values.get("num-rounds", 20), "times-file": str(stamp_file),
-                       "min-nodes": nodes} if plain else {**values, "run-name": name})
-            with PeakMemory(lambda: process_tree([p.pid for p in d.procs], tag=d.tag)) as mem:
+                       "min-nodes": nodes, **(plain or {})} if is_plain else {**values, "run-name": name})
+            with ProcessMonitor(lambda: process_tree([p.pid for p in d.procs], tag=d.tag)) as mem:
                 code, out, run = d.submit(config, 3000, app=app)
             if code != 0:
                 raise RuntimeError(out[-3000:])
@@ -160,13 +132,14 @@ def deployment(values: dict, work: Path, name: str, nodes: int = 2, *, isolation
         if hosts is not None:
             hosts.__exit__(None, None, None)
     marks = stamps.read(stamp_file)
-    if plain:  # the ServerApp's stamps: round 0 (before round 1), then the end of every round
+    if is_plain:  # the ServerApp's stamps: round 0 (before round 1), then the end of every round
         clock = [m["t"] for m in marks if "round" in m and "event" not in m]
-        return {"whole": whole, "round": steady(clock), "first": clock[1] - clock[0], "peak": mem.peak, "rows": []}
+        return {"whole": whole, "round": steady(clock), "first": clock[1] - clock[0], "peak": mem.peak, "rows": [],
+                "roles": mem.roles(), "marks": marks}
     rows = rows_of(Path(values["results-dir"]) / name)
     clock = [r["wall-clock"] for r in rows]
     return {"whole": whole, "round": steady(clock), "first": clock[1] - clock[0], "peak": mem.peak, "rows": rows,
-            "parts": round_parts(marks)}
+            "parts": round_parts(marks), "roles": mem.roles(), "marks": marks}
 
 
 def steady(clock: list[float]) -> float:
@@ -279,13 +252,13 @@ def timed(cmd: list[str], values: dict, name: str, env: dict | None = None) -> d
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    with PeakMemory(lambda: [proc.pid]) as mem:
+    with ProcessMonitor(lambda: [proc.pid]) as mem:
         _, err = proc.communicate()
     whole = time.monotonic() - t0
     if proc.returncode:
         raise RuntimeError(err.decode()[-3000:])
     rows = rows_of(Path(values["results-dir"]) / name)
-    return {"whole": whole, "round": per_round(rows), "peak": mem.peak, "rows": rows}
+    return {"whole": whole, "round": per_round(rows), "peak": mem.peak, "rows": rows, "roles": mem.roles()}
 
 
 def same_model(folder: Path, a: str, b: str) -> bool:

@@ -5,8 +5,9 @@
 the processes alive at once) and its CPU seconds (user + system, the last value seen: a
 process that exits between two samples loses at most one interval). ``roles()`` groups the
 processes by what they are (SuperLink, SuperNode, ServerApp, warm runner, ClientApp worker,
-flwr-clientapp, engine, Ray, ...) from their command lines: per role the largest peak of one
-process, the number of processes and their CPU seconds together.
+flwr-clientapp, engine, Ray, ...) from their command lines (a warm runner's forked worker by its
+parent): per role the largest peak of one process, the number of processes and their CPU seconds
+together.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ ROLES = (
     ("flower-supernode", "SuperNode"),
     ("flower-superexec", "SuperExec"),
     ("warm_runner.py", "warm runner"),
-    ("celgc-clientapp", "ClientApp worker (warm)"),
     ("simulations.engine", "engine"),
     ("ray::", "Ray worker"),
     ("raylet", "Ray"),
@@ -50,6 +50,7 @@ def role_of(cmdline: str, comm: str = "") -> str:
 @dataclass
 class Seen:
     role: str
+    ppid: int = 0
     peak_rss: int = 0
     cpu: float = 0.0
 
@@ -82,7 +83,7 @@ class ProcessMonitor:
                     cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 except OSError:
                     cmd = ""
-                entry = self.seen[pid] = Seen(role_of(cmd, comm))
+                entry = self.seen[pid] = Seen(role_of(cmd, comm), int(rest[1]))
             entry.peak_rss = max(entry.peak_rss, rss)
             entry.cpu = max(entry.cpu, cpu)
             total += rss
@@ -109,7 +110,11 @@ class ProcessMonitor:
         """role -> {"processes", "peak MiB" (the largest of one process), "cpu s" (all together)}."""
         out: dict[str, dict[str, float]] = {}
         for s in self.seen.values():
-            r = out.setdefault(s.role, {"processes": 0, "peak MiB": 0.0, "cpu s": 0.0})
+            role = s.role
+            parent = self.seen.get(s.ppid)
+            if role == "warm runner" and parent is not None and parent.role == "warm runner":
+                role = "ClientApp worker (warm)"  # forked from the runner: the same command line
+            r = out.setdefault(role, {"processes": 0, "peak MiB": 0.0, "cpu s": 0.0})
             r["processes"] += 1
             r["peak MiB"] = max(r["peak MiB"], s.peak_rss / 2**20)
             r["cpu s"] += s.cpu

@@ -19,6 +19,7 @@ from flwr.clientapp import ClientApp
 
 from strategies.clientapp import round_settings
 from strategies.core import client_sampling
+from strategies.flower_api import fast_objects
 from strategies.flower_api.packing import is_packed
 from strategies.flower_api.wire import arrays_of, exchange_of, reply_of, tensors
 from strategies.methods import client_side
@@ -114,6 +115,7 @@ def node_partition(context: Context, cfg: RunConfig) -> int:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
+    fast_objects.install()  # this process's reply (and later messages): fewer copies, one hash a chunk
     use_host_share(context)  # deployed: torch threads = this node's share of the host's cores
     stamps.mark("train-start", round=msg.metadata.group_id)
     cfg = run_config(context)
@@ -139,7 +141,7 @@ def train(msg: Message, context: Context) -> Message:
     states = [load_client_state(context, cfg, pid, task) for pid in pids]
     keeps = client_side(settings).keeps_client_memory  # the method the round names, or a clear error
     memories = [load_memory(context, pid) if keeps else None for pid in pids]
-    results = client_round(cfg, pids, exchange, data, states, memories)
+    results = client_round(cfg, pids, exchange, data, states, memories, owned=False)  # written into the reply below
     for pid, state, memory in zip(pids, states, memories, strict=True):
         keep_client_state(context, pid, state)
         if memory is not None:
@@ -155,6 +157,7 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Loss and accuracy of the received model on this client's own partition."""
+    fast_objects.install()
     use_host_share(context)
     cfg = run_config(context)
     local = local_data(context.node_config, cfg)

@@ -33,7 +33,7 @@ def client_round(cfg: RunConfig, partition_id: int | Sequence[int], exchange: Ex
                  data: tuple[Any, np.ndarray] | None = None,
                  client_state: dict[str, torch.Tensor] | None | Sequence[dict[str, torch.Tensor] | None] = None,
                  memory: dict[str, torch.Tensor] | None | Sequence[dict[str, torch.Tensor] | None] = None,
-                 ) -> ClientResults:
+                 *, owned: bool = True) -> ClientResults:
     """The results of ``exchange`` for the clients ``partition_id`` (one id, or the several a
     multi-client node serves: all run with one call of the executor the engine would choose);
     ``exchange.state`` is the global model.
@@ -42,7 +42,9 @@ def client_round(cfg: RunConfig, partition_id: int | Sequence[int], exchange: Ex
     ``client.local_data``; one client); then ``partition_id`` only seeds the sampling.
     ``client_state`` (a stateful task's per-client state, ``tasks.protocol``; empty: a fresh
     client; None: a stateless round) and ``memory`` (the method's own per-client state, e.g.
-    SCAFFOLD's control variate) -- one per client -- are updated in place."""
+    SCAFFOLD's control variate) -- one per client -- are updated in place. ``owned`` False: the
+    results' arrays may be the executor's own tensors, valid until the node's next exchange (the
+    ClientApp writes them into its reply at once; a copy of a 96 MB model a client saved)."""
     single = isinstance(partition_id, int)
     pids = [partition_id] if single else [int(p) for p in partition_id]
     states = [client_state] if single else list(client_state or [None] * len(pids))
@@ -77,8 +79,9 @@ def client_round(cfg: RunConfig, partition_id: int | Sequence[int], exchange: Ex
     group = ClientGroup(executor, pids, draw, seed=cfg.seed, task_states=states, memory=memories, base=cfg.hyper)
     group.load(exchange.state)
     results = method.client(exchange, group)
-    # the executor lives on to the next exchange: the results must not be its modules' tensors
-    results.arrays = {name: _owned(arrays) for name, arrays in results.arrays.items()}
+    # the executor lives on to the next exchange: kept results must not be its modules' tensors
+    if owned:
+        results.arrays = {name: _owned(arrays) for name, arrays in results.arrays.items()}
     return results
 
 

@@ -109,8 +109,13 @@ def _mark(event: str, **fields: object) -> None:
     if path:
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps({"event": event, "t": time.time(), "pid": os.getpid(), **fields}) + "\n")
-#: seconds before a message's object that is not stored yet is asked for again (doubling up to 1 s)
+#: seconds before a message's object that is not stored yet is asked for again (doubling up to
+#: ``PULL_BACKOFF_CAP``: the SuperNode stores a message's objects only once it pulled them all, so
+#: a worker that acquired the task early waits for them; with Flower's 1 s cap up to 1 s too long);
+#: ``PULL_TRIES``: about as long as Flower's own bound (500 tries at its backoff)
 PULL_BACKOFF = 0.02
+PULL_BACKOFF_CAP = 0.1
+PULL_TRIES = 5000
 
 
 @dataclass(frozen=True)
@@ -185,7 +190,7 @@ def pull_input(client: RuntimeHttpClient) -> tuple[Message, Context, Run, Fab]:
     message = pull_and_inflate_object_from_tree(
         tree, make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
         make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node, context.run_id),
-        return_type=Message, initial_backoff=PULL_BACKOFF, backoff_cap=1.0)
+        return_type=Message, initial_backoff=PULL_BACKOFF, backoff_cap=PULL_BACKOFF_CAP, max_tries_per_object=PULL_TRIES)
     message.metadata.__dict__["_message_id"] = tree.object_id  # as Flower: the deflated message lacks its id
     return message, context, run, fab
 

@@ -28,7 +28,6 @@ import io
 import json
 import math
 from collections.abc import Mapping
-from typing import Union
 
 import numpy as np
 import torch
@@ -50,7 +49,7 @@ DTYPES = {name: np.dtype(name).newbyteorder("<") for name in
 NUMPY_STYPE = "numpy.ndarray"
 
 #: what ``pack_arrays`` takes as one array: a tensor, a NumPy array or a Flower ``Array``
-Packable = Union[torch.Tensor, np.ndarray, Array]
+Packable = torch.Tensor | np.ndarray | Array
 
 
 def is_packed(content: RecordDict) -> bool:

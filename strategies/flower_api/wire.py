@@ -22,7 +22,7 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar
 
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -64,7 +64,7 @@ def _arrays(state: Mapping[str, torch.Tensor]) -> ArrayRecord:
 
 
 #: one record of a message's arrays before it is written: Flower's ``ArrayRecord`` or a state of tensors
-Arrays = Union[ArrayRecord, Mapping[str, torch.Tensor]]
+Arrays = ArrayRecord | Mapping[str, torch.Tensor]
 
 
 def tensors(record: Arrays) -> dict[str, torch.Tensor]:
@@ -306,7 +306,7 @@ def reply_of(msg: Message, results: ClientResults, extras: Sequence[Mapping[str,
     if packed:
         return Message(content=write(records, others, packed=True), reply_to=msg)
     content = RecordDict()  # each client's arrays, then its metrics
-    for i, pid in enumerate(results.ids):
+    for pid in results.ids:
         suffix = f".{pid}" if multi else ""
         for name in results.arrays:
             content[f"{name}{suffix}"] = _arrays(records[f"{name}{suffix}"])

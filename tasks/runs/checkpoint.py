@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from strategies.core.averaging import check_state
+from strategies.core.averaging import all_finite, check_state
 
 from .results import parse_lines
 from .safe_files import write_atomic
@@ -74,7 +74,7 @@ def checkpoint_path(folder: str | Path) -> Path:
 def refuse_non_finite(state: Mapping[str, torch.Tensor], server_round: int) -> None:
     """Raise CheckpointError when the global model is not finite: such a model is never
     checkpointed (resume could not recover from it); the last checkpoint stays."""
-    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    bad = [k for k, v in state.items() if not all_finite(v)]
     if bad:
         raise CheckpointError(f"round {server_round}: the global model is not finite ({', '.join(bad[:5])}"
                               f"{', ...' if len(bad) > 5 else ''}); it is not checkpointed and the run stops: "

@@ -1,28 +1,30 @@
 """A plain ClientApp: load the global model, run local SGD steps, reply with the model."""
 
 import torch
+import torch.nn.functional as F
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from .digits_cnn import model, partition
+from .models import batches, build
 
 app = ClientApp()
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    net = model()
-    net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    x, y = partition(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]))
     cfg = context.run_config
+    name = str(cfg["model"])
+    net = build(name)
+    net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     opt = torch.optim.SGD(net.parameters(), lr=float(cfg["lr"]))
-    gen = torch.Generator().manual_seed(int(msg.content["config"]["server-round"]))
     net.train()
-    for _ in range(int(cfg["local-steps"])):
-        idx = torch.randint(len(x), (int(cfg["batch-size"]),), generator=gen)
+    steps, batch = int(cfg["local-steps"]), int(cfg["batch-size"])
+    pid, num = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    for x, y in batches(name, pid, num, steps, batch, int(msg.content["config"]["server-round"])):
         opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(net(x[idx]), y[idx])
+        out = net(x)
+        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
         loss.backward()
         opt.step()
-    metrics = MetricRecord({"train-loss": float(loss), "num-examples": int(cfg["local-steps"]) * int(cfg["batch-size"])})
+    metrics = MetricRecord({"train-loss": float(loss), "num-examples": steps * batch})
     return Message(RecordDict({"arrays": ArrayRecord(net.state_dict()), "metrics": metrics}), reply_to=msg)

@@ -7,7 +7,7 @@ from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from .digits_cnn import model
+from .models import build
 
 app = ServerApp()
 
@@ -25,5 +25,5 @@ def main(grid: Grid, context: Context) -> None:
 
     n = int(cfg["min-nodes"])
     strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n)
-    strategy.start(grid=grid, initial_arrays=ArrayRecord(model().state_dict()),
+    strategy.start(grid=grid, initial_arrays=ArrayRecord(build(str(cfg["model"])).state_dict()),
                    num_rounds=int(cfg["num-server-rounds"]), evaluate_fn=stamp)
