@@ -84,10 +84,13 @@ def model_bytes(task: str, data_dir: str) -> tuple[int, int]:
 
 
 def train_seconds(marks: list[dict]) -> float:
-    """Mean over rounds 2.. of the longest training of a node (train-start -> train-end stamps)."""
-    pushes = [m["t"] for m in marks if m.get("event") == "push"]
+    """Mean over rounds 2.. of the longest training of a node (train-start -> train-end stamps); a
+    round starts at the server's push (this project's apps) or at the end of the previous round
+    (the plain app's round stamps)."""
+    starts = [m["t"] for m in marks if m.get("event") == "push"] or \
+        [m["t"] for m in marks if "round" in m and "event" not in m]
     longest = []
-    for start, end in zip(pushes[1:], pushes[2:] + [float("inf")], strict=True):
+    for start, end in zip(starts[1:], starts[2:] + [float("inf")], strict=True):
         by_pid: dict[int, list[float]] = {}
         for m in marks:
             if start <= m["t"] < end and m.get("event") in ("train-start", "train-end"):
@@ -137,7 +140,7 @@ def run_setting(name: str, args: argparse.Namespace, nodes: int) -> dict:
         elif base is not None:
             beyond = r["round"] - base["round"]
             row.update({"beyond": beyond, "MB/s": per_round / beyond / 1e6 if beyond > 0 else float("inf")})
-        if "marks" in r and way != "plain":
+        if "marks" in r:
             train = train_seconds(r["marks"])
             row.update({"train": train, "beyond training": r["round"] - train,
                         "MB/s beyond training": per_round / (r["round"] - train) / 1e6})

@@ -21,8 +21,10 @@ from strategies.clientapp import round_settings
 from strategies.core import client_sampling
 from strategies.flower_api import fast_objects
 from strategies.flower_api.packing import is_packed
-from strategies.flower_api.wire import arrays_of, exchange_of, reply_of, tensors
+from strategies.flower_api.wire import NODE_SUM_KEY, arrays_of, exchange_of, reply_of, tensors
 from strategies.methods import client_side
+from strategies.methods.reduce import node_sums, per_client
+from strategies.methods.round import GROUP_KINDS
 from tasks import cached_task, partitions
 from tasks.config import RunConfig
 from tasks.device import pick_device
@@ -65,6 +67,38 @@ def memory_key(pid: int) -> str:
 def load_memory(context: Context, pid: int) -> dict:
     record = context.state.get(memory_key(pid))
     return dict(record.to_torch_state_dict()) if isinstance(record, ArrayRecord) else {}
+
+
+def node_sums_asked(msg: Message, exchange, results, pids: list[int]):
+    """The node's sum of its clients (``strategies.methods.reduce.node_sums``) when the message asks for
+    it (``node-aggregation``: the round config's ``node-sum`` names the aggregation), else None."""
+    config = next(iter(msg.content.config_records.values()), {})
+    aggregation = config.get(NODE_SUM_KEY)
+    if aggregation is None or len(pids) < 2 or not is_packed(msg.content):
+        return None
+    method = client_side(exchange.settings)
+    kinds = {**GROUP_KINDS, **method.groups}
+    like = {g: _like(exchange.state, kinds.get(g, "state"), results.arrays[g]) for g in results.arrays}
+    reference = {g: like[g] if kinds.get(g, "state") in ("state", "buffers") else None for g in like}
+    return node_sums(results, like, reference, str(aggregation))
+
+
+def _like(state: dict, kind: str, arrays) -> dict:
+    """A group's layout: the global state, or its entries that the clients' group holds."""
+    keys = list(per_client(arrays)[0]) if kind != "state" else list(state)
+    return {k: state[k] for k in keys}
+
+
+#: the trainable parameters' names of a task's model, built once per task object: what a lossy transport rounds
+_TRAINABLE: dict[int, tuple[object, list[str]]] = {}
+
+
+def trainable_names(task: object) -> list[str]:
+    kept = _TRAINABLE.get(id(task))
+    if kept is None or kept[0] is not task:
+        names = [k for k, p in task.build_model().named_parameters() if p.requires_grad]
+        kept = _TRAINABLE[id(task)] = (task, names)
+    return kept[1]
 
 
 def run_config(context: Context) -> RunConfig:
@@ -149,7 +183,9 @@ def train(msg: Message, context: Context) -> Message:
     named = not local or local.partition_id is not None
     # partition-id and server-round echoed: the server rejects a reply naming another client or round
     extras = [({"partition-id": pid} if named else {}) | {"server-round": settings.server_round} for pid in pids]
-    reply = reply_of(msg, results, extras, multi=multi, packed=is_packed(msg.content))  # answered as asked
+    sums = node_sums_asked(msg, exchange, results, pids)
+    reply = reply_of(msg, results, extras, multi=multi, packed=is_packed(msg.content),  # answered as asked
+                     transport=cfg.transport, received=exchange.state, trainable=trainable_names(task), sums=sums)
     stamps.mark("train-end", round=msg.metadata.group_id)
     return reply
 

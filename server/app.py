@@ -73,6 +73,8 @@ def build_strategy(cfg: RunConfig, train_size: int, **reply_checks: Any) -> Clip
         min_train_nodes=cfg.required_replies, min_available_nodes=cfg.required_replies,
         train_metrics_aggr_fn=strategy_metrics_only,
         packed=True,  # this project's ClientApp: a message's arrays as one packed record each way (strategies.flower_api.packing)
+        transport=cfg.transport,
+        node_sums=cfg.node_aggregation,
     )
 
 

@@ -32,6 +32,8 @@ PARTITIONERS = ("homogeneous", "similarity", "dirichlet")
 DEVICES = ("auto", "cpu", "cuda")
 CLIENT_STATES = ("keep", "reset")
 TEXT_SPLITS = ("blocks", "contiguous")
+#: how floating-point parameters travel in the Flower paths' packed messages (strategies.flower_api.wire.TRANSPORTS)
+TRANSPORTS = ("float32", "bfloat16", "float16")
 
 #: N where num-clients = 0 (follow the federation) meets no federation: the engine, the in-process grid
 DEFAULT_CLIENTS = 8
@@ -91,6 +93,8 @@ class RunConfig:
     average_iterates: bool = _key("average-iterates", "evaluate the running mean of the global models once valid-loss stops improving (nonmono evaluations)", default=False)
     nonmono: int = _key("nonmono", "evaluations without a new best valid-loss before average-iterates starts", default=5)
     eval_train: bool = _key("eval-train", "also evaluate the global model on the whole training set at each evaluation (train-eval-*)", default=False)
+    node_aggregation: bool = _key("node-aggregation", "a SuperNode serving several clients replies with their sum (one model's bytes, in float32 or the transport dtype) instead of each client's model: the reply checks see the node's average; needs uniform or examples aggregation, no DP, a method that only averages (celgc, local-sgd, naive, fedprox, fedavgm); the model equals the engine's up to the order of the float64 sum", default=False)
+    transport: str = _key("transport", "how the model's trainable parameters travel in this project's Flower messages: float32 (exact), or bfloat16 / float16 (half the bytes, lossy: the global model rounded, replies the rounded difference from it; the engine sends nothing and stays exact)", default="float32")
     valid_fraction: float = _key("valid-fraction", "share of each client's training data held out (seeded) as the validation set: valid-loss, valid-accuracy; 0: none", default=0.0)
     #: the methods' own settings (``Algorithm.Settings``): (TOML key, value) for every registered method's keys
     options: tuple[tuple[str, Any], ...] = field(default=(), metadata={"key": None, "doc": ""})
@@ -302,6 +306,18 @@ def _check(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def node_aggregation_problem(c: RunConfig) -> str | None:
+    """Why ``node-aggregation`` cannot run with ``c``, or None."""
+    if c.aggregation not in ("uniform", "examples"):
+        return f"needs aggregation = \"uniform\" or \"examples\" (a node cannot sum a robust statistic), got {c.aggregation!r}"
+    if c.dp.enabled:
+        return "needs dp-noise-multiplier = 0: a DP round needs every client's own update"
+    if not method(c.algorithm).node_sums:
+        return (f"needs a method whose server only averages the replies (celgc, local-sgd, naive, fedprox, fedavgm), "
+                f"got algorithm {c.algorithm!r}")
+    return None
+
+
 def _validate(c: RunConfig) -> None:
     def one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
         _check(value in allowed, f"{key} must be one of {', '.join(allowed)}, got {value!r}")
@@ -316,6 +332,11 @@ def _validate(c: RunConfig) -> None:
     one_of("device", c.device, DEVICES)
     one_of("client-state", c.client_state, CLIENT_STATES)
     one_of("text-split", c.text_split, TEXT_SPLITS)
+    one_of("transport", c.transport, TRANSPORTS)
+    if c.node_aggregation:
+        why = node_aggregation_problem(c)
+        if why:
+            raise ValueError(f"node-aggregation = true {why}")
     at_least("nonmono", c.nonmono, 1)
     at_least("num-clients", c.num_clients, 0)
     at_least("num-rounds", c.num_rounds, 1)

@@ -293,6 +293,9 @@ def _rounds(cfg: RunConfig, options: EngineOptions, world: World, task: Any, par
             log.info("%s", note)
         if ckpt:
             progress.note(f"engine: resuming {folder} from its round-{done} checkpoint")
+        if cfg.transport != "float32":
+            progress.note(f"engine: transport={cfg.transport} rounds this project's Flower messages; the engine sends "
+                          "none, so its model is the exact one (float32)")
         for line in privacy.summary() if privacy is not None else []:
             progress.note(f"engine: {line}")
         for server_round in range(done + 1 if ckpt else 0, last + 1):

@@ -42,9 +42,13 @@ MAGIC = b"CELGCPK1"
 #: layout limits: a reply beyond them is rejected before anything is allocated
 MAX_LAYOUT_BYTES = 4 << 20
 MAX_ARRAYS = 100_000
-#: dtypes a packed message may carry (numpy names; little-endian on the wire)
+#: dtypes a packed message may carry (numpy names; little-endian on the wire), and bfloat16 (2 bytes)
 DTYPES = {name: np.dtype(name).newbyteorder("<") for name in
           ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "bool")}
+BFLOAT16 = "bfloat16"
+WIRE_DTYPES = (*DTYPES, BFLOAT16)
+#: the dtypes a lossy entry (``[key, wire dtype, shape, dtype, delta]``) may be restored to
+RESTORE = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, BFLOAT16: torch.bfloat16}
 #: Flower's serialisation type of an ``Array`` holding ``.npy`` bytes
 NUMPY_STYPE = "numpy.ndarray"
 
@@ -66,7 +70,10 @@ def _raw(name: str, key: str, value: Packable) -> tuple[str, list[int], memoryvi
             return raw
         value = value.numpy()
     elif isinstance(value, torch.Tensor):
-        value = value.detach().cpu().contiguous().numpy()
+        value = value.detach().cpu().contiguous()
+        if value.dtype == torch.bfloat16:  # no NumPy dtype: its 2-byte words
+            return BFLOAT16, list(value.shape), memoryview(value.view(torch.int16).numpy().reshape(-1).view(np.uint8))
+        value = value.numpy()
     a = np.asarray(value)
     if a.dtype.name not in DTYPES:
         raise TypeError(f"pack: array {name}/{key} has dtype {a.dtype.name}, not one of {sorted(DTYPES)}")
@@ -102,16 +109,27 @@ def npy_bytes(parts: list, nbytes: int) -> bytes:
     return b"".join([header.getvalue(), *parts])
 
 
-def pack_arrays(records: Mapping[str, Mapping[str, Packable]]) -> Array:
-    """ONE uint8 ``Array`` holding every array of ``records`` (record name -> key -> array) and the layout."""
+#: how one lossy entry is to be read: (the dtype to restore, whether it is a difference from the reader's reference)
+Restore = tuple[str, bool]
+
+
+def pack_arrays(records: Mapping[str, Mapping[str, Packable]],
+                restore: Mapping[str, Mapping[str, Restore]] | None = None) -> Array:
+    """ONE uint8 ``Array`` holding every array of ``records`` (record name -> key -> array) and the layout.
+
+    ``restore`` (record -> key -> (dtype, delta)): entries sent in a lossy dtype (``wire.encode``:
+    bfloat16 or float16) that the reader casts back to ``dtype`` and, where ``delta``, adds to its
+    reference (the global model the reply answers)."""
     layout, chunks, size = [], [], 0
+    restore = restore or {}
     for name, record in records.items():
         entries = []
         for key, value in record.items():
             dtype, shape, raw = _raw(name, key, value)
             chunks.append(raw)
             size += raw.nbytes
-            entries.append([key, dtype, shape])
+            how = restore.get(name, {}).get(key)
+            entries.append([key, dtype, shape] if how is None else [key, dtype, shape, how[0], bool(how[1])])
         layout.append([name, entries])
     head = json.dumps(layout, separators=(",", ":")).encode()
     prefix = MAGIC + len(head).to_bytes(8, "little") + head
@@ -134,14 +152,16 @@ def pack(content: RecordDict) -> RecordDict:
 
 
 # --- reading ---------------------------------------------------------------------------------------------------
-def unpack_arrays(content: RecordDict) -> tuple[dict[str, dict[str, torch.Tensor]] | None, str | None]:
+def unpack_arrays(content: RecordDict, reference: Mapping[str, torch.Tensor] | None = None,
+                  ) -> tuple[dict[str, dict[str, torch.Tensor]] | None, str | None]:
     """The array records a packed ``content`` carries, as tensors (record name -> key -> tensor, in
     the layout's order, each a fresh writable CPU tensor), or (None, None) when ``content`` is not
-    packed, or (None, the reason it cannot be read). Nothing here raises on client input."""
+    packed, or (None, the reason it cannot be read). Nothing here raises on client input.
+    ``reference``: what delta entries are differences from (the global model a reply answers)."""
     if not is_packed(content):
         return None, None
     try:
-        return _unpack(content), None
+        return _unpack(content, reference), None
     except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
         return None, f"packed arrays could not be read: {exc}"
 
@@ -169,7 +189,33 @@ def _payload_view(array: Array) -> memoryview:
     return memoryview(array.numpy())
 
 
-def _unpack(content: RecordDict) -> dict[str, dict[str, torch.Tensor]]:
+def _read(buf: memoryview, dtype: str, shape: list[int], offset: int) -> torch.Tensor:
+    """One array of the payload, copied into a fresh tensor."""
+    if dtype == BFLOAT16:
+        words = np.frombuffer(buf, dtype=DTYPES["int16"], count=math.prod(shape), offset=offset)
+        return torch.from_numpy(words.astype(np.int16, copy=True).reshape(shape)).view(torch.bfloat16)
+    values = np.frombuffer(buf, dtype=DTYPES[dtype], count=math.prod(shape), offset=offset)
+    return torch.from_numpy(values.astype(np.dtype(dtype), copy=True).reshape(shape))
+
+
+def _restored(value: torch.Tensor, name: str, key: str, how: list, reference: Mapping[str, torch.Tensor] | None
+              ) -> torch.Tensor:
+    """A lossy entry cast back to its dtype and, if it is a delta, added to the reference's value."""
+    if not (isinstance(how[0], str) and how[0] in RESTORE and isinstance(how[1], bool)
+            and (value.is_floating_point() or not how[1])):
+        raise ValueError(f"bad restore {how!r} of {name}/{key}")
+    out = value.to(RESTORE[how[0]])
+    if how[1]:
+        ref = None if reference is None else reference.get(key)
+        if ref is None or tuple(ref.shape) != tuple(out.shape) or ref.dtype != out.dtype:
+            raise ValueError(f"{name}/{key} is a difference from a global array the reader does not hold "
+                             f"(or of another shape or dtype)")
+        out += ref
+    return out
+
+
+def _unpack(content: RecordDict, reference: Mapping[str, torch.Tensor] | None = None
+            ) -> dict[str, dict[str, torch.Tensor]]:
     others = [n for n in content.array_records if n != PACKED]
     if others:
         raise ValueError(f"a packed message carries no other ArrayRecord, got {others}")
@@ -202,18 +248,18 @@ def _unpack(content: RecordDict) -> dict[str, dict[str, torch.Tensor]]:
             count += 1
             if count > MAX_ARRAYS:
                 raise ValueError(f"more than {MAX_ARRAYS} arrays")
-            if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) and entry[1] in DTYPES
-                    and isinstance(entry[2], list)
+            if not (isinstance(entry, list) and len(entry) in (3, 5) and isinstance(entry[0], str)
+                    and entry[1] in WIRE_DTYPES and isinstance(entry[2], list)
                     and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in entry[2])):
                 raise ValueError(f"bad layout entry {entry!r} in record {name!r}")
-            key, dtype, shape = entry
+            key, dtype, shape = entry[:3]
             if key in state:
                 raise ValueError(f"key {key!r} repeats in record {name!r}")
-            nbytes = math.prod(shape) * DTYPES[dtype].itemsize
+            nbytes = math.prod(shape) * (2 if dtype == BFLOAT16 else DTYPES[dtype].itemsize)
             if offset + nbytes > len(buf):
                 raise ValueError("the layout asks for more bytes than were sent")
-            values = np.frombuffer(buf, dtype=DTYPES[dtype], count=math.prod(shape), offset=offset)
-            state[key] = torch.from_numpy(values.astype(np.dtype(dtype), copy=True).reshape(shape))
+            value = _read(buf, dtype, shape, offset)
+            state[key] = value if len(entry) == 3 else _restored(value, name, key, entry[3:], reference)
             offset += nbytes
         out[name] = state
     if offset != len(buf):

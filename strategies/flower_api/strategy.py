@@ -39,7 +39,7 @@ from ..methods.reduce import ClientResults
 from ..methods.round import Exchange, Round, RoundReport
 from .node_sampling import Assign, Select, sample
 from .screen import Checks, screen
-from .wire import NamedClients, Reply, messages
+from .wire import TRANSPORT_ERROR, TRANSPORTS, NamedClients, Reply, messages
 
 #: the Strategy methods that run a round: a class mixing in another strategy's version of one is refused
 ROUND_HOOKS = ("configure_train", "aggregate_train", "configure_evaluate", "aggregate_evaluate", "start")
@@ -119,6 +119,21 @@ class ClippedSGDStrategy(FedAvg):
     exchange_timeout : float, optional
         Seconds to wait for the replies of a method's first exchanges (EPISODE's resample;
         None: no limit); the last exchange's replies are waited for by ``Strategy.start``.
+    packed : bool (default: False)
+        Send each train message's arrays as ONE packed record (``strategies.flower_api.packing``),
+        which this project's ClientApp reads and answers alike; replies of either kind are read.
+        Off for a ClientApp that expects Flower's usual ArrayRecord.
+    transport : {"float32", "bfloat16", "float16"} (default: "float32")
+        How the model's trainable parameters travel (``packed`` only): exact, or rounded to half
+        the bytes -- the global model rounded, each reply's model as its rounded difference from
+        the model it received, added to the server's exact model (lossy: the run's model differs
+        from the engine's; the bound on a reply is widened by the rounding, ``wire.TRANSPORT_ERROR``).
+    node_sums : bool (default: False)
+        A node serving several clients of an exchange (``assign``) replies with their sum instead of
+        each client's arrays (``packed`` only; a method that only averages; uniform or examples
+        aggregation): one model's bytes a node. The checks see the node's average (keys, shapes,
+        finite values, buffers, the bound); the model equals the one from every client's arrays
+        up to the order of the float64 sum (``strategies.methods.reduce.NodeSum``).
     **fedavg_kwargs
         Passed to ``FedAvg``: ``fraction_train``, ``fraction_evaluate``, ``min_train_nodes``,
         ``min_available_nodes``, ``weighted_by_key`` (default
@@ -179,6 +194,8 @@ class ClippedSGDStrategy(FedAvg):
         population: int | None = None,
         exchange_timeout: float | None = None,
         packed: bool = False,
+        transport: str = "float32",
+        node_sums: bool = False,
         **fedavg_kwargs: Any,
     ) -> None:
         if num_clients is not None:
@@ -196,6 +213,15 @@ class ClippedSGDStrategy(FedAvg):
              f"assign must be callable (server_round, node_ids) -> {{node: [client ids]}}, got {assign!r}"),
             (exchange_timeout is None or exchange_timeout > 0,
              f"exchange_timeout must be > 0 seconds or None, got {exchange_timeout!r}"),
+            (transport in TRANSPORTS, f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}"),
+            (transport == "float32" or packed, f"transport={transport!r} needs packed=True (this project's ClientApp)"),
+            (not node_sums or packed, "node_sums=True needs packed=True (this project's ClientApp sums its clients)"),
+            (not node_sums or self.algorithm_class.node_sums,
+             f"node_sums=True needs a method whose server only averages the replies; {self.algorithm_class.name!r} "
+             "does not"),
+            (not node_sums or aggregation in ("uniform", "examples"),
+             f"node_sums=True needs aggregation 'uniform' or 'examples' (a node cannot sum a robust statistic), got "
+             f"{aggregation!r}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -215,6 +241,8 @@ class ClippedSGDStrategy(FedAvg):
         self.assign = assign
         self.exchange_timeout = exchange_timeout
         self.packed = bool(packed)
+        self.transport = transport
+        self.node_sums = bool(node_sums)
         self._round: tuple[Round, Any, Exchange, dict | None] | None = None  # the round configure_train started
         self._last_start: tuple[int, dict, list[int]] | None = None
         self._config = ConfigRecord()
@@ -363,7 +391,9 @@ class ClippedSGDStrategy(FedAvg):
 
     def _messages(self, exchange: Exchange, arrays: ArrayRecord, holders: dict | None = None) -> list[Message]:
         return messages(exchange, arrays, self._config, arrayrecord_key=self.arrayrecord_key,
-                        configrecord_key=self.configrecord_key, holders=holders, packed=self.packed)
+                        configrecord_key=self.configrecord_key, holders=holders, packed=self.packed,
+                        transport=self.transport if self.packed else "float32", trainable=self.bound_keys,
+                        node_sum=self.hyper.aggregation if self.node_sums else None)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -421,7 +451,7 @@ class ClippedSGDStrategy(FedAvg):
             answered = {m.metadata.src_node_id for m in ok}
             rnd.fail(sum(len(ps) for node, ps in holders.items() if node not in answered))
         checks = Checks(self.weighted_by_key, self.verify_examples, self.bound_keys, self.max_lr_scale,
-                        self.buffer_rules)
+                        self.buffer_rules, TRANSPORT_ERROR[self.transport] if self.packed else 0.0)
         out = screen(rnd, exchange, ok, self.algorithm, checks, holders)
         for r in out.rejected:
             who = f"node {r.node}" if holders is None else f"client {r.node}"

@@ -33,7 +33,7 @@ from ..core.settings import RoundSettings
 from ..methods.algorithm import Exchange
 from ..methods.reduce import ClientResults, per_client
 from ..methods.replies import parse_metrics
-from .packing import pack_arrays, packed_content, unpack_arrays
+from .packing import Restore, pack_arrays, packed_content, unpack_arrays
 
 T = TypeVar("T")
 
@@ -57,6 +57,37 @@ class Reply:
 
 #: the round-config key naming the clients (partition ids) a multi-client node runs in an exchange
 CLIENTS_KEY = "clients"
+#: the round-config key asking a multi-client node for its clients' sum (``node-aggregation``): the aggregation
+NODE_SUM_KEY = "node-sum"
+#: the suffix of a reply's record holding a group's node sum (``<group>.sum``)
+SUM = "sum"
+
+#: ``transport`` (the run config's): the dtype the model's trainable parameters travel in (None: as they are)
+TRANSPORTS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: the largest relative error of one value rounded to the transport dtype (round to nearest: half an ulp; float16
+#: also rounds |x| < 6.1e-5 to its subnormals, 2**-24 apart: an absolute error the bound's slack covers)
+TRANSPORT_ERROR = {"float32": 0.0, "bfloat16": 2.0**-8, "float16": 2.0**-11}
+
+
+def encode(state: Mapping[str, torch.Tensor], keys: Sequence[str] | None, transport: str,
+           reference: Mapping[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Restore]]:
+    """``state`` for a lossy ``transport``: its floating-point ``keys`` (the trainable parameters;
+    None: every floating-point entry) rounded to the transport dtype -- as differences from
+    ``reference`` where given (a reply: the update, not the parameters, is rounded) -- and how
+    the reader restores them (``packing.pack_arrays``' ``restore``). Exact transport: as it is."""
+    wire = TRANSPORTS[transport]
+    if wire is None:
+        return dict(state), {}
+    chosen = set(state if keys is None else keys)
+    out, restore = {}, {}
+    for key, value in state.items():
+        if key in chosen and value.is_floating_point() and value.dtype != wire:
+            base = value.detach() if reference is None else value.detach() - reference[key].to(value.device)
+            out[key] = base.to(wire)
+            restore[key] = (str(value.dtype).removeprefix("torch."), reference is not None)
+        else:
+            out[key] = value
+    return out, restore
 
 
 def _arrays(state: Mapping[str, torch.Tensor]) -> ArrayRecord:
@@ -73,12 +104,13 @@ def tensors(record: Arrays) -> dict[str, torch.Tensor]:
 
 
 def write(records: Mapping[str, Arrays], others: Mapping[str, Any], *, packed: bool,
-          payload: Array | None = None) -> RecordDict:
+          payload: Array | None = None, restore: Mapping[str, Mapping[str, Restore]] | None = None) -> RecordDict:
     """A message's content: its array ``records`` and its ``others`` (config, metric records) --
     ``packed``: the arrays in ONE packed record (``payload``: already packed, e.g. shared by the
-    messages of an exchange), others after it; plain: each record an ArrayRecord, in order."""
+    messages of an exchange; ``restore``: its lossy entries, ``encode``), others after it; plain:
+    each record an ArrayRecord, in order."""
     if packed:
-        return packed_content(payload if payload is not None else pack_arrays(records), others)
+        return packed_content(payload if payload is not None else pack_arrays(records, restore), others)
     content = RecordDict()
     for name, record in records.items():
         content[name] = record if isinstance(record, ArrayRecord) else _arrays(record)
@@ -89,24 +121,34 @@ def write(records: Mapping[str, Arrays], others: Mapping[str, Any], *, packed: b
 
 def messages(exchange: Exchange, arrays: ArrayRecord, config: ConfigRecord, *, arrayrecord_key: str,
              configrecord_key: str, message_type: str = MessageType.TRAIN,
-             holders: Mapping[int, Sequence[int]] | None = None, packed: bool = False) -> list[Message]:
+             holders: Mapping[int, Sequence[int]] | None = None, packed: bool = False,
+             transport: str = "float32", trainable: Sequence[str] | None = None,
+             node_sum: str | None = None) -> list[Message]:
     """One Message per client of ``exchange``, or with ``holders`` (node -> the exchange's clients
     it serves) one per node (the caller's ``config`` is copied, never changed); ``packed``: each
     message's arrays as one packed record (``strategies.flower_api.packing``, for this project's ClientApp);
     messages that carry the global model alone share one packed payload (packed, hashed and
-    stored once)."""
+    stored once). A lossy ``transport`` (packed only) sends the global model's ``trainable``
+    parameters rounded (``encode``). ``node_sum`` (an aggregation, packed only): a node serving several
+    clients is asked for their sum (``NODE_SUM_KEY``, ``reply_of``)."""
     shared: Array | None = None
+    restore: dict[str, dict[str, Restore]] = {}
+    if packed and TRANSPORTS[transport] is not None:
+        model, restore[arrayrecord_key] = encode(exchange.state, trainable, transport)
+        arrays = model  # the global model's tensors, rounded where lossy
     out = []
     for node, node_config, records in _layouts(exchange, arrays, config, arrayrecord_key, holders):
+        if packed and node_sum is not None and CLIENTS_KEY in node_config and len(node_config[CLIENTS_KEY]) > 1:
+            node_config = ConfigRecord({**node_config, NODE_SUM_KEY: node_sum})
         payload = None
         if packed and len(records) == 1:
-            shared = payload = shared if shared is not None else pack_arrays(records)
-        content = write(records, {configrecord_key: node_config}, packed=packed, payload=payload)
+            shared = payload = shared if shared is not None else pack_arrays(records, restore)
+        content = write(records, {configrecord_key: node_config}, packed=packed, payload=payload, restore=restore)
         out.append(Message(content=content, dst_node_id=node, message_type=message_type))
     return out
 
 
-def _layouts(exchange: Exchange, arrays: ArrayRecord, config: ConfigRecord, arrayrecord_key: str,
+def _layouts(exchange: Exchange, arrays: Arrays, config: ConfigRecord, arrayrecord_key: str,
              holders: Mapping[int, Sequence[int]] | None) -> list[tuple[int, ConfigRecord, dict[str, Arrays]]]:
     """(destination node, config, array records) of each message: the global arrays first, then
     the exchange's per-client arrays (suffixed with the client's id for a multi-client node)."""
@@ -291,20 +333,35 @@ def _is_id(value: object) -> bool:
 
 
 def reply_of(msg: Message, results: ClientResults, extras: Sequence[Mapping[str, float | int]],
-             multi: bool = False, packed: bool = False) -> Message:
+             multi: bool = False, packed: bool = False, transport: str = "float32",
+             received: Mapping[str, torch.Tensor] | None = None, trainable: Sequence[str] | None = None,
+             sums: tuple[Mapping[str, Mapping[str, torch.Tensor]], torch.Tensor] | None = None) -> Message:
     """The reply of a node's clients: each client's groups as ArrayRecords and its metrics
     (``ClientResults.metrics_of``, plus its ``extras``) as a MetricRecord -- under the plain
     names for the one client of a node (``multi`` False), as ``<name>.<id>`` for each client of a
-    multi-client node; ``packed``: all arrays in one packed record (``strategies.flower_api.packing``)."""
+    multi-client node; ``packed``: all arrays in one packed record (``strategies.flower_api.packing``).
+    A lossy ``transport`` (packed only) sends each client's model (its ``arrays`` group) as its
+    ``trainable`` parameters' rounded difference from the ``received`` global model (``encode``).
+    ``sums`` (``reduce.node_sums``: per group the clients' float64 sum, and which clients it holds;
+    packed only): ONE record per group, ``<group>.sum``, in place of the clients' arrays -- its
+    floating-point entries in float32 (or the lossy transport's dtype), read back as float64 --
+    and each client's metrics with ``in-sum``."""
+    if sums is not None:
+        return _sum_reply(msg, results, extras, sums, transport)
     records: dict[str, Arrays] = {}
+    restore: dict[str, dict[str, Restore]] = {}
     others: dict[str, MetricRecord] = {}
+    lossy = packed and TRANSPORTS[transport] is not None and received is not None
     for i, pid in enumerate(results.ids):
         suffix = f".{pid}" if multi else ""
         for name, arrays in results.arrays.items():
             records[f"{name}{suffix}"] = per_client(arrays)[i]
+            if lossy and name == "arrays":
+                records[f"{name}{suffix}"], restore[f"{name}{suffix}"] = encode(
+                    per_client(arrays)[i], trainable, transport, reference=received)
         others[f"metrics{suffix}"] = MetricRecord({**results.metrics_of(i), **extras[i]})
     if packed:
-        return Message(content=write(records, others, packed=True), reply_to=msg)
+        return Message(content=write(records, others, packed=True, restore=restore), reply_to=msg)
     content = RecordDict()  # each client's arrays, then its metrics
     for pid in results.ids:
         suffix = f".{pid}" if multi else ""
@@ -312,3 +369,27 @@ def reply_of(msg: Message, results: ClientResults, extras: Sequence[Mapping[str,
             content[f"{name}{suffix}"] = _arrays(records[f"{name}{suffix}"])
         content[f"metrics{suffix}"] = others[f"metrics{suffix}"]
     return Message(content=content, reply_to=msg)
+
+
+def _sum_reply(msg: Message, results: ClientResults, extras: Sequence[Mapping[str, float | int]],
+               sums: tuple[Mapping[str, Mapping[str, torch.Tensor]], torch.Tensor], transport: str) -> Message:
+    """A multi-client node's reply with its clients' sum (``reply_of``'s ``sums``)."""
+    groups, ok = sums
+    wire = TRANSPORTS[transport] or torch.float32
+    records: dict[str, Arrays] = {}
+    restore: dict[str, dict[str, Restore]] = {}
+    for name, group in groups.items():
+        records[f"{name}.{SUM}"] = {k: v.to(wire) if v.is_floating_point() and _was_float(results, name, k) else v
+                                    for k, v in group.items()}
+        restore[f"{name}.{SUM}"] = {k: ("float64", False) for k, v in records[f"{name}.{SUM}"].items()
+                                    if v.dtype != torch.float64}
+    others = {f"metrics.{pid}": MetricRecord({**results.metrics_of(i), **extras[i], "in-sum": int(bool(ok[i]))})
+              for i, pid in enumerate(results.ids)}
+    return Message(content=write(records, others, packed=True, restore=restore), reply_to=msg)
+
+
+def _was_float(results: ClientResults, group: str, key: str) -> bool:
+    """Whether a group's entry is floating-point in the clients' results (an integer buffer's sum stays float64)."""
+    first = per_client(results.arrays[group])[0] if len(results) else {}
+    value = first.get(key)
+    return value is None or value.is_floating_point()

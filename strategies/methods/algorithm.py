@@ -96,6 +96,9 @@ class Algorithm(ABC):
     keeps_client_records: ClassVar[bool] = False
     #: its replies mean nothing without the round's global model (it steps on it)
     needs_global: ClassVar[bool] = True
+    #: its server uses every exchange's replies only through their average (``Round.mean``): a node may
+    #: send its clients' sum instead of their arrays (``node-aggregation``, ``reduce.NodeSum``)
+    node_sums: ClassVar[bool] = False
     #: its own groups of arrays in replies -> what they hold ("state", "trainable" or "buffers")
     groups: ClassVar[dict[str, str]] = {}
     #: its own settings: a frozen dataclass of ``own_key`` fields (TOML key, type, default, check, doc);

@@ -29,6 +29,7 @@ class CELGC(Algorithm):
     paper = "Liu, Zhuang, Lei, Liao, NeurIPS 2022, https://arxiv.org/abs/2205.05040"
     modes = (Mode.LOCAL,)
     needs_global = False  # an average of states: replies can be checked against each other
+    node_sums = True  # the server averages the states and nothing else
 
     def server(self, rnd: Round) -> Server:
         results = yield rnd.exchange(Mode.LOCAL)

@@ -38,6 +38,7 @@ class NaiveParallelClip(Algorithm):
     name = "naive"
     paper = "Zhang et al. 2020 clipped SGD run data-parallel, the baseline of arXiv 2205.05040"
     modes = (Mode.GRADIENT,)
+    node_sums = True  # the server steps on the gradients' and buffers' averages alone
 
     def __init__(self, hyper: Hyper, **kw: Any) -> None:
         super().__init__(hyper, **kw)

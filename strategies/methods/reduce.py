@@ -80,6 +80,8 @@ class ClientResults:
     table: Tensor
     weights: Tensor
     scalars: dict[str, Tensor] = field(default_factory=dict)
+    #: nodes' clients summed where they ran (``node-aggregation``; Flower paths only): averaged with the rest
+    node_sums: list[NodeSum] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.ids)
@@ -95,7 +97,11 @@ class ClientResults:
         return len(self.ids)
 
     def nbytes(self) -> int:
-        return sum(client_nbytes(a) for a in self.arrays.values())
+        return sum(client_nbytes(a) for a in self.arrays.values()) + sum(n.nbytes() for n in self.node_sums)
+
+    def all_clients(self) -> int:
+        """This process's clients and those in its node sums."""
+        return len(self) + sum(len(n.clients) for n in self.node_sums)
 
     def metrics_of(self, position: int) -> dict[str, float | int]:
         """One client's metrics as its reply reports them (``client_metrics.row_metrics``, its
@@ -118,6 +124,51 @@ class Mean:
     sums: dict[str, float] = field(default_factory=dict)  # the ``sums`` given, summed over all processes
 
 
+@dataclass
+class NodeSum:
+    """One node's clients summed where they ran (``node-aggregation``), in place of their arrays.
+
+    ``sums[group][key]`` = sum_i w_i (x_i - r) over the node's sound clients (``ok``), with w_i 1
+    (uniform: the server divides by the exchange's N, which the node does not know) or the client's
+    weight (examples), and r the global group for a
+    state or buffers group (the update, not the parameters, is summed) or zero for a gradient-like
+    group (``node_sums``); ``clients``: their ids, metrics, weights and scalars, no arrays."""
+
+    clients: ClientResults
+    ok: Tensor
+    sums: dict[str, dict[str, Tensor]]
+
+    def nbytes(self) -> int:
+        return sum(v.numel() * v.element_size() for group in self.sums.values() for v in group.values())
+
+
+def node_sums(results: ClientResults, like: Mapping[str, Mapping[str, Tensor]],
+              reference: Mapping[str, Mapping[str, Tensor] | None], aggregation: str,
+              ) -> tuple[dict[str, dict[str, Tensor]], Tensor]:
+    """What a node sends instead of its clients' arrays (``NodeSum``): per group of ``like``, the
+    float64 sum_i w_i (x_i - r) over its clients whose values are all finite (``r``: ``reference``'s
+    group, or zero where it has none), summed exactly as ``mean`` sums one process's clients; and
+    which clients it holds ([n] bool)."""
+    if aggregation in ROBUST:
+        raise ValueError(f"aggregation={aggregation!r} takes a statistic of every client's values: a node cannot "
+                         "sum them (node-aggregation needs uniform or examples)")
+    device = results.table.device
+    n = len(results)
+    groups = {name: _Group(results.arrays[name], ref, n, device) for name, ref in like.items()}
+    ok = torch.ones(n, dtype=torch.bool, device=device)
+    for group in groups.values():
+        ok &= group.finite()
+    w = torch.where(ok, factors(results, aggregation, 1), torch.zeros(n, dtype=torch.float64, device=device))
+    out = {}
+    for name, group in groups.items():
+        flat = group.weighted_sum(w, ok)
+        ref = reference.get(name)
+        if ref is not None and ref:
+            flat = flat - w.sum() * torch.cat([v.detach().to(device).reshape(-1).to(torch.float64) for v in ref.values()])
+        out[name] = unflatten(flat, like[name])
+    return out, ok
+
+
 def factors(results: ClientResults, aggregation: str, expected: int) -> Tensor:
     """Unnormalised averaging weight of each client: 1/N (uniform) or its weight (examples)."""
     if aggregation not in AGGREGATIONS:
@@ -127,6 +178,37 @@ def factors(results: ClientResults, aggregation: str, expected: int) -> Tensor:
     if aggregation == "uniform":
         return torch.full((len(results),), 1.0 / max(expected, 1), dtype=torch.float64, device=results.table.device)
     return results.weights.to(torch.float64)
+
+
+def _scalar_sums(results: ClientResults, ok: Tensor, names: Sequence[str]) -> list[Tensor]:
+    zero = torch.zeros((), dtype=torch.float64, device=ok.device)
+    return [torch.where(ok, results.scalars[k].to(ok.device, torch.float64), 0.0).sum() if k in results.scalars
+            else zero for k in names]
+
+
+def _node_vector(node: NodeSum, like: Mapping[str, Mapping[str, Tensor]],
+                 reference: Mapping[str, Mapping[str, Tensor] | None], aggregation: str, expected: int,
+                 scalars: Sequence[str], counters: int) -> Tensor:
+    """A node's sums in ``mean``'s layout of one process's vector: r W + sum per group, its weight,
+    sound clients, metric and scalar sums (its counters zero: the round counts its clients)."""
+    device = node.ok.device
+    w = torch.where(node.ok, factors(node.clients, aggregation, expected),
+                    torch.zeros(len(node.clients), dtype=torch.float64, device=device))
+    weight = w.sum()
+    unit = 1.0 / max(expected, 1) if aggregation == "uniform" else 1.0  # the node summed with factor 1
+    parts = []
+    for name, ref in like.items():
+        summed = torch.cat([node.sums[name][k].to(device, torch.float64).reshape(-1) for k in ref]) if ref else \
+            torch.zeros(0, dtype=torch.float64, device=device)
+        if unit != 1.0:
+            summed = summed * unit
+        base = reference.get(name)
+        if base is not None and base:
+            summed = summed + weight * torch.cat([base[k].detach().to(device).reshape(-1).to(torch.float64) for k in ref])
+        parts.append(summed)
+    tail = [weight, node.ok.double().sum(), *metric_sums(node.clients.table, node.ok).unbind(),
+            *_scalar_sums(node.clients, node.ok, scalars), *([torch.zeros((), dtype=torch.float64, device=device)] * counters)]
+    return torch.cat([*parts, torch.stack(tail).to(torch.float64)])
 
 
 def unflatten(vector: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -198,7 +280,8 @@ class _Group:
 def mean(results: ClientResults, like: Mapping[str, Mapping[str, Tensor]], *, aggregation: str, expected: int,
          all_reduce: AllReduce | None = None, reject_nonfinite: bool = True,
          sums: Mapping[str, float] | None = None, trim_fraction: float = 0.0, population: int | None = None,
-         fixed_denominator: bool = False, extra: Tensor | None = None) -> Mean:
+         fixed_denominator: bool = False, extra: Tensor | None = None, node_sums: Sequence[NodeSum] = (),
+         node_reference: Mapping[str, Mapping[str, Tensor] | None] | None = None) -> Mean:
     """Average the groups named by ``like`` (group -> the keys, shapes and dtypes of its
     average) over the sound clients of every process, with ONE ``all_reduce``.
 
@@ -213,7 +296,14 @@ def mean(results: ClientResults, like: Mapping[str, Mapping[str, Tensor]], *, ag
     ``fixed_denominator`` (a DP round, ``strategies.methods.privacy``): the sum is divided by
     ``expected`` whatever the number of sound clients (no renormalisation), and an average is
     returned even without one; ``extra``: a flat float64 vector added to this process's
-    weighted sum before the all-reduce (the round's noise, already divided by ``expected``)."""
+    weighted sum before the all-reduce (the round's noise, already divided by ``expected``).
+
+    ``node_sums`` (``node-aggregation``): nodes' clients summed where they ran, added to this
+    process's sums (each as r W + its sum, ``node_reference`` naming r per group); the average
+    equals the one of every client's arrays up to the order of the float64 sum."""
+    if node_sums and (aggregation in ROBUST or fixed_denominator or extra is not None):
+        raise ValueError("node sums (node-aggregation) hold no client's own values: they cannot take a robust "
+                         "statistic or a DP release")
     sums = dict(sums or {})
     device = results.table.device
     n = len(results)
@@ -238,11 +328,13 @@ def mean(results: ClientResults, like: Mapping[str, Mapping[str, Tensor]], *, ag
             placed[torch.tensor(results.ids, dtype=torch.long, device=device)] = rows
             rows = placed
         parts = [rows.reshape(-1)]
-    scalars = sorted(results.scalars)
-    scalar_sums = [torch.where(ok, results.scalars[k].to(device, torch.float64), 0.0).sum() for k in scalars]
+    scalars = sorted(set(results.scalars).union(*(node.clients.scalars for node in node_sums)))
     counters = [torch.tensor(float(v), dtype=torch.float64, device=device) for v in sums.values()]
-    tail = [w.sum(), ok.double().sum(), *metric_sums(results.table, ok).unbind(), *scalar_sums, *counters]
+    tail = [w.sum(), ok.double().sum(), *metric_sums(results.table, ok).unbind(),
+            *_scalar_sums(results, ok, scalars), *counters]
     vector = torch.cat([*parts, torch.stack(tail).to(torch.float64)])
+    for node in node_sums:
+        vector = vector + _node_vector(node, like, node_reference or {}, aggregation, expected, scalars, len(counters))
     if all_reduce is not None:
         vector = all_reduce(vector)
     width = len(tail)

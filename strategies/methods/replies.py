@@ -51,6 +51,7 @@ FIELDS: dict[str, Field] = {
     "lr-scale": Field(low=0.0),
     "partition-id": Field(integer=True, low=0),
     "server-round": Field(integer=True, low=0),
+    "in-sum": Field(integer=True, low=0, high=1),  # node-aggregation: the client is in its node's sum
 }
 
 

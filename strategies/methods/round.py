@@ -196,8 +196,10 @@ class Round:
         Also sums, over all processes, the clients given (``Mean.metrics["clients"]``) and the
         bytes sent and received so far."""
         self._pending["bytes-received"] += results.nbytes()
-        sums = {"clients": float(len(results)), **self._pending}
+        sums = {"clients": float(results.all_clients()), **self._pending}
         if self.privacy is not None and self._last is not None and self._last.final:  # a DP round's release
+            if results.node_sums:
+                raise ValueError("a DP round needs every client's own update: node-aggregation sums them at the nodes")
             m = self.privacy.mean(self, results, groups, sums)
         else:
             sample = {g: per_client(a)[0] for g, a in results.arrays.items()} if len(results) else None
@@ -205,14 +207,22 @@ class Round:
             hyper = self.algorithm.hyper
             m = mean(results, like, aggregation=aggregation or hyper.aggregation, trim_fraction=hyper.trim_fraction,
                      expected=self._expected_for(results), all_reduce=self.all_reduce, sums=sums,
-                     population=self.algorithm.population or self.expected)
+                     population=self.algorithm.population or self.expected, node_sums=results.node_sums,
+                     node_reference={g: like[g] if self.summed_from_global(g) else None for g in groups})
         for key in self._totals:
             self._totals[key] += int(round(m.sums[key]))
         self._pending = {k: 0.0 for k in self._pending}
         return m
 
     def _expected_for(self, results: ClientResults) -> int:
-        return self._last.expected if self._last is not None and self._last.expected is not None else len(results)
+        if self._last is not None and self._last.expected is not None:
+            return self._last.expected
+        return results.all_clients()
+
+    def summed_from_global(self, group: str) -> bool:
+        """Whether a node sums a group's update from the global model (a state or buffers group) rather
+        than its values (a gradient-like group shaped as the trainable parameters)."""
+        return {**GROUP_KINDS, **self.algorithm.groups}.get(group, "state") in ("state", "buffers")
 
     def finish(self, state: dict[str, Tensor] | None, last: Mean, metrics: Mapping[str, float | int] | None = None,
                **extra: float | int) -> RoundReport:
