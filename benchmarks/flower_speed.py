@@ -55,6 +55,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+import uuid
 import time
 from pathlib import Path
 
@@ -70,6 +72,8 @@ from simulations.flower.processes import process_tree  # noqa: E402
 from tasks.runs import stamps  # noqa: E402
 
 PLAIN_APP = ROOT / "benchmarks" / "plain_fedavg"
+#: every process a measurement starts carries this variable (``MachineLoad``: other work is what lacks it)
+BENCH_VAR = "CELGC_BENCHMARK"
 
 SETTINGS = {
     "default": {},
@@ -187,21 +191,50 @@ def round_parts(marks: list[dict]) -> dict[str, float]:
 
 
 class MachineLoad:
-    """The load average before and after, and the CPU seconds that processes already running
-    before the measurement (none of the benchmark's) took while it ran: the figure that says
-    whether other work competed (the 1-minute load average lags work that just ended)."""
+    """The load average before and after, and the CPU seconds that other processes took while the
+    measurement ran: those already running before it, and those started during it by others (a
+    process is the benchmark's own when it carries ``BENCH_VAR`` in its environment, which every
+    process the benchmark starts inherits, daemons included); sampled every 2 s, so a process that
+    started and ended between two samples is missed. The figure that says whether other work
+    competed (the 1-minute load average lags work that just ended)."""
 
     def __enter__(self) -> MachineLoad:
+        self.mark = f"{BENCH_VAR}={uuid.uuid4().hex}"
+        os.environ[BENCH_VAR] = self.mark.split("=", 1)[1]
         self.before = os.getloadavg()
-        self.t0, self.ticks = time.monotonic(), self._ticks()
+        self.t0 = time.monotonic()
+        self.first = {p: t for p, (t, _) in self._ticks().items()}
+        self.last: dict[int, tuple[int, str]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
         return self
 
+    def _sample(self) -> None:
+        while True:
+            for pid, (ticks, cmd) in self._ticks().items():
+                if pid in self.last or self._theirs(pid):
+                    self.last[pid] = (ticks, cmd)
+            if self._stop.wait(2.0):
+                return
+
+    def _theirs(self, pid: int) -> bool:
+        """Not the benchmark's: no mark in its environment (unreadable: counted as theirs)."""
+        if pid == os.getpid():
+            return False
+        try:
+            return self.mark.encode() not in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return False
+
     def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
         self.after, self.elapsed = os.getloadavg(), time.monotonic() - self.t0
-        now = self._ticks()
+        os.environ.pop(BENCH_VAR, None)
         hz = os.sysconf("SC_CLK_TCK")
-        self.others = sorted(((now[p][0] - t) / hz, cmd, p) for p, (t, cmd) in self.ticks.items()
-                             if p in now and p != os.getpid() and now[p][0] > t)[::-1]
+        self.others = sorted(((t - self.first.get(p, 0)) / hz, cmd, p) for p, (t, cmd) in self.last.items()
+                             if t > self.first.get(p, 0))[::-1]
 
     @staticmethod
     def _ticks() -> dict[int, tuple[int, str]]:

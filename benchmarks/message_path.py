@@ -66,10 +66,15 @@ SETTINGS: dict[str, dict] = {
     "mlp85": {"config": {"task": "benchmarks.paper_size:mlp85", "num-clients": 2, "local-steps": 2},
               "plain": "mlp85", "label": "a user's MLP 64-4096-4096-1024-10 (21M parameters, 85 MB)"},
 }
-WAYS = ("engine", "flwr", "deployed", "stock", "plain", "grpc")
+WAYS = ("engine", "flwr", "deployed", "sums", "bf16", "sums-bf16", "stock", "plain", "grpc")
 LABELS = {"engine": "engine", "flwr": "flwr run (2 SuperNodes)", "deployed": "deployed (ours: warm runner, packed)",
+          "sums": "deployed, node-aggregation", "bf16": "deployed, transport bfloat16 (lossy)",
+          "sums-bf16": "deployed, node-aggregation + bfloat16 (lossy)",
           "stock": "deployed, Flower's stock isolation", "plain": "plain Flower FedAvg, deployed",
           "grpc": "gRPC + TLS reference (no Flower)"}
+#: the deployed variants with this project's options (run-config keys)
+OPTIONS = {"sums": {"node-aggregation": True}, "bf16": {"transport": "bfloat16"},
+           "sums-bf16": {"node-aggregation": True, "transport": "bfloat16"}}
 
 
 def model_bytes(task: str, data_dir: str) -> tuple[int, int]:
@@ -81,6 +86,22 @@ def model_bytes(task: str, data_dir: str) -> tuple[int, int]:
     state = model.state_dict()
     return (sum(v.numel() * v.element_size() for v in state.values()),
             sum(p.numel() for p in model.parameters()))
+
+
+def model_difference(a: Path, b: Path) -> dict[str, float]:
+    """How far two runs' final models are apart: the largest absolute difference and float32 ulps."""
+    x = torch.load(a / "model.pt", weights_only=True)
+    y = torch.load(b / "model.pt", weights_only=True)
+    out = {"max abs": 0.0, "max ulps": 0, "entries differing": 0, "entries": 0}
+    for k, v in x.items():
+        out["entries"] += v.numel()
+        if v.dtype == torch.float32:
+            ulps = (v.view(torch.int32).long() - y[k].view(torch.int32).long()).abs()
+            out["max ulps"] = max(out["max ulps"], int(ulps.max()) if v.numel() else 0)
+            out["entries differing"] += int((ulps > 0).sum())
+        if v.is_floating_point() and v.numel():
+            out["max abs"] = max(out["max abs"], float((v - y[k]).abs().max()))
+    return out
 
 
 def train_seconds(marks: list[dict]) -> float:
@@ -114,7 +135,7 @@ def run_setting(name: str, args: argparse.Namespace, nodes: int) -> dict:
     out: dict = {"setting": name, "label": setting["label"], "model-bytes": nbytes, "parameters": params,
                  "num-clients": n, "local-steps": values["local-steps"], "nodes": nodes, "rounds": args.rounds,
                  "bytes-per-round": per_round, "netns": args.netns, "ways": {}}
-    ways = [w for w in WAYS if w in args.ways]
+    ways = [w for w in WAYS if w in args.ways.split(",")]
     results = {}
     if "engine" in ways or len(ways) > 1:
         results["engine"] = fs.engine(values, "engine", threads=1)
@@ -122,6 +143,9 @@ def run_setting(name: str, args: argparse.Namespace, nodes: int) -> dict:
         results["flwr"] = fs.flwr(values, nodes, work, "flwr")
     if "deployed" in ways:
         results["deployed"] = fs.deployment(values, work, "deployed", nodes=nodes, netns=args.netns)
+    for way, options in OPTIONS.items():
+        if way in ways:
+            results[way] = fs.deployment({**values, **options}, work, way, nodes=nodes, netns=args.netns)
     if "stock" in ways:
         results["stock"] = fs.deployment(values, work, "stock", nodes=nodes, isolation="subprocess", netns=args.netns)
     if "plain" in ways:
@@ -150,8 +174,10 @@ def run_setting(name: str, args: argparse.Namespace, nodes: int) -> dict:
             row["parts"] = r["parts"]
         if r.get("roles"):
             row["processes"] = r["roles"]
-        if way in ("flwr", "deployed", "stock") and base is not None:
+        if way in ("flwr", "deployed", "stock", *OPTIONS) and base is not None:
             row["model == engine"] = fs.same_model(work, way, "engine")
+            if not row["model == engine"]:
+                row["model difference"] = model_difference(work / way, work / "engine")
         if r.get("rows"):
             row["bytes-sent"] = r["rows"][-1].get("bytes-sent")
         out["ways"][way] = row
@@ -171,7 +197,9 @@ def show(result: dict) -> None:
             v = row.get(key)
             return "-" if v is None or v != v else format(v, fmt)
         print(f"{row['label']:40s} {f('s/round', '8.2f')} {f('beyond', '7.2f')} {f('MB/s', '6.0f')} "
-              f"{f('beyond training', '16.2f')} {f('MB/s beyond training', '6.0f')}  {row.get('model == engine', '-')}")
+              f"{f('beyond training', '16.2f')} {f('MB/s beyond training', '6.0f')}  {row.get('model == engine', '-')}"
+              + (" (max |difference| {max abs:.2g}, {entries differing} of {entries} entries)".format(**row["model difference"])
+                 if row.get("model difference") else ""))
     print("peak resident memory (MiB, the largest process of its kind) and CPU seconds of the whole run:")
     for row in result["ways"].values():
         if row.get("processes"):

@@ -28,6 +28,7 @@ from strategies.methods.round import GROUP_KINDS
 from tasks import cached_task, partitions
 from tasks.config import RunConfig
 from tasks.device import pick_device
+from tasks.host import available_memory, host_id
 from tasks.protocol import is_stateful, state_to_cpu
 from tasks.runs import stamps
 
@@ -220,4 +221,9 @@ def query(msg: Message, context: Context) -> Message:
     info = {k: nc[k] for k in ("partition-id", "num-partitions") if isinstance(nc.get(k), int)}
     if LOCAL_DATA in nc:  # a host with its own data: one client, which may have no partition-id
         info["own-data"] = 1
+    memory, host = available_memory(), host_id()  # for the server's memory check before round 1 (server.memory)
+    if memory is not None:
+        info["memory-available"] = memory
+    if host is not None:
+        info["host"] = host
     return Message(content=RecordDict({"node": MetricRecord(info)}), reply_to=msg)

@@ -39,6 +39,7 @@ from tasks.runs.run_folder import claim_run_folder
 
 from .faults import WatchedGrid
 from .federation import Claim, Federation, decide, read_claim
+from .memory import plan_memory
 from .participation import client_assignment, fewest_nodes
 from .resumed import ResumedStrategy
 
@@ -137,6 +138,7 @@ def wait_for_federation(grid: Grid, cfg: RunConfig, poll: float = 0.1,
                     _excluded_text(fed))
             if watched is not None:
                 watched.partition_of.update(fed.partition_of)
+                watched.claims.update({n: c for n, c in claims.items() if n in members and isinstance(c, Claim)})
                 for node, reason in fed.excluded.items():
                     watched.exclude(node, f"query reply excluded, {reason}")
             if size < cfg.num_clients:
@@ -277,6 +279,7 @@ def run_in_folder(grid: Grid, cfg: RunConfig, folder: Path, wrap: Wrap | None = 
     watched = WatchedGrid(grid, min_clients=cfg.required_replies, node_wait=cfg.node_wait)
     nodes, spread = wait_for_federation(grid, cfg, watched=watched)
     watched.expect(nodes, cfg.num_clients, spread)
+    plan_memory(cfg, state_nbytes(model.state_dict()), watched, nodes)  # refused before round 1 if it cannot fit
     # the round's clients (all, or the K sampled: the same on every backend) and the node serving each;
     # hosts with their own data and no partition-id are one client each, known by their node
     strategy.assign = client_assignment(cfg, watched, privacy) if _all_named(cfg, watched, nodes, spread) else None

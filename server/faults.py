@@ -113,6 +113,7 @@ class WatchedGrid(Grid):
         self.node_wait = node_wait
         self.poll = poll
         self.partition_of: dict[int, int] = {}  # node id -> partition id
+        self.claims: dict[int, object] = {}  # node id -> its query answer (server.federation.Claim): memory, host
         self.expected: set[int | str] = set()  # who should answer every round (see expect)
         self.members: set[int] | None = None  # node ids of the federation (None: not fixed yet)
         self.round_expected: set[int | str] | None = None  # this round's sampled partitions (None: all expected)

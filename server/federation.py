@@ -35,6 +35,8 @@ class Claim:
     pid: int | None = None
     num: int | None = None
     own_data: bool = False
+    memory: int | None = None  # bytes its host has available (``tasks.host``), for the memory check
+    host: int | None = None  # its host's id: nodes of one host share its memory
 
 
 @dataclass
@@ -71,7 +73,10 @@ def read_claim(info: Mapping[str, Any]) -> Claim | str:
         return f"partition-id={_shown(pid)} is not an integer >= 0"
     if pid is not None and num is not None and pid >= num:
         return f"partition-id={pid} is not below its num-partitions={num}"
-    return Claim(pid, num, info.get("own-data") == 1)
+    memory, host = info.get("memory-available"), info.get("host")
+    memory = memory if _int(memory) and memory > 0 else None  # a node's own business: a wrong value is ignored
+    host = host if _int(host) and host >= 0 else None
+    return Claim(pid, num, info.get("own-data") == 1, memory, host)
 
 
 NO_PARTITION = ("node config has no partition-id: start every SuperNode with --node-config \"partition-id=i "

@@ -21,7 +21,8 @@ An experiment file is a flat TOML file of run-config keys (the same keys as
        (``simulations.flower.run_app``); the run's log is kept as ``flower.log``.
    ``inprocess``
        The same ServerApp and ClientApp objects on an in-process grid
-       (``simulations.loopback``): clients one after another, no SuperLink or Ray.
+       (``simulations.loopback``): clients one after another, no SuperLink or Ray; one node a
+       client, or ``--federation-config "num-supernodes=K"`` nodes serving several each.
    ``engine``
        The fast engine, ``python -m simulations.engine --run-config ...``.
 
@@ -149,7 +150,7 @@ def run_experiment(values: dict[str, Any], backend: str = "flower", federation: 
     if backend == "inprocess":
         from .loopback import run_in_process
 
-        run_in_process(values)
+        run_in_process(values, (federation or {}).get("num-supernodes"))  # default: one node a client
     elif backend == "flower":
         from .flower import run_app
 

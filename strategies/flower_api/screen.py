@@ -156,7 +156,7 @@ def check_node_sum(rnd: Round, exchange: Exchange, sums: Mapping[str, Mapping[st
         if set(summed) != set(ref) or any(tuple(summed[k].shape) != tuple(v.shape) for k, v in ref.items()):
             return f"{group}: keys or shapes differ from the global model's"
         base = ref if rnd.summed_from_global(group) else None
-        mean = {k: (summed[k].double() / total + (base[k].double() if base is not None else 0.0)) for k in ref}
+        mean = {k: summed[k] / total + (base[k] if base is not None else 0.0) for k in ref}  # float32: a check
         average[group] = finalize(mean, ref)
     return check(rnd, exchange, Reply(-1, RecordDict(), groups=average, metrics={}), refs, groups, algorithm, checks,
                  rules)

@@ -373,16 +373,17 @@ def reply_of(msg: Message, results: ClientResults, extras: Sequence[Mapping[str,
 
 def _sum_reply(msg: Message, results: ClientResults, extras: Sequence[Mapping[str, float | int]],
                sums: tuple[Mapping[str, Mapping[str, torch.Tensor]], torch.Tensor], transport: str) -> Message:
-    """A multi-client node's reply with its clients' sum (``reply_of``'s ``sums``)."""
+    """A multi-client node's reply with its clients' sum (``reply_of``'s ``sums``): floating-point
+    entries in float32 (a lossy transport: its dtype, read back as float32), an integer buffer's sum
+    in float64."""
     groups, ok = sums
     wire = TRANSPORTS[transport] or torch.float32
     records: dict[str, Arrays] = {}
     restore: dict[str, dict[str, Restore]] = {}
     for name, group in groups.items():
-        records[f"{name}.{SUM}"] = {k: v.to(wire) if v.is_floating_point() and _was_float(results, name, k) else v
-                                    for k, v in group.items()}
-        restore[f"{name}.{SUM}"] = {k: ("float64", False) for k, v in records[f"{name}.{SUM}"].items()
-                                    if v.dtype != torch.float64}
+        record = f"{name}.{SUM}"
+        records[record] = {k: v.to(wire) if _was_float(results, name, k) else v for k, v in group.items()}
+        restore[record] = {k: ("float32", False) for k, v in records[record].items() if v.dtype == wire != torch.float32}
     others = {f"metrics.{pid}": MetricRecord({**results.metrics_of(i), **extras[i], "in-sum": int(bool(ok[i]))})
               for i, pid in enumerate(results.ids)}
     return Message(content=write(records, others, packed=True, restore=restore), reply_to=msg)

@@ -160,11 +160,15 @@ def node_sums(results: ClientResults, like: Mapping[str, Mapping[str, Tensor]],
         ok &= group.finite()
     w = torch.where(ok, factors(results, aggregation, 1), torch.zeros(n, dtype=torch.float64, device=device))
     out = {}
+    weight = float(w.sum())
     for name, group in groups.items():
         flat = group.weighted_sum(w, ok)
         ref = reference.get(name)
-        if ref is not None and ref:
-            flat = flat - w.sum() * torch.cat([v.detach().to(device).reshape(-1).to(torch.float64) for v in ref.values()])
+        if ref is not None and ref and weight:
+            offset = 0
+            for value in ref.values():  # in place, entry by entry: no model-sized float64 temporary
+                flat[offset:offset + value.numel()].sub_(value.detach().to(device).reshape(-1), alpha=weight)
+                offset += value.numel()
         out[name] = unflatten(flat, like[name])
     return out, ok
 
@@ -186,29 +190,29 @@ def _scalar_sums(results: ClientResults, ok: Tensor, names: Sequence[str]) -> li
             else zero for k in names]
 
 
-def _node_vector(node: NodeSum, like: Mapping[str, Mapping[str, Tensor]],
-                 reference: Mapping[str, Mapping[str, Tensor] | None], aggregation: str, expected: int,
-                 scalars: Sequence[str], counters: int) -> Tensor:
-    """A node's sums in ``mean``'s layout of one process's vector: r W + sum per group, its weight,
-    sound clients, metric and scalar sums (its counters zero: the round counts its clients)."""
-    device = node.ok.device
+def _add_node(vector: Tensor, node: NodeSum, like: Mapping[str, Mapping[str, Tensor]],
+              reference: Mapping[str, Mapping[str, Tensor] | None], aggregation: str, expected: int,
+              scalars: Sequence[str], counters: int) -> None:
+    """Add a node's sums to ``vector`` in ``mean``'s layout of one process's vector, in place: r W +
+    its sum per group, its weight, sound clients, metric and scalar sums (its counters none: the round
+    counts its clients); no model-sized temporary."""
+    device = vector.device
     w = torch.where(node.ok, factors(node.clients, aggregation, expected),
                     torch.zeros(len(node.clients), dtype=torch.float64, device=device))
     weight = w.sum()
     unit = 1.0 / max(expected, 1) if aggregation == "uniform" else 1.0  # the node summed with factor 1
-    parts = []
+    offset = 0
     for name, ref in like.items():
-        summed = torch.cat([node.sums[name][k].to(device, torch.float64).reshape(-1) for k in ref]) if ref else \
-            torch.zeros(0, dtype=torch.float64, device=device)
-        if unit != 1.0:
-            summed = summed * unit
         base = reference.get(name)
-        if base is not None and base:
-            summed = summed + weight * torch.cat([base[k].detach().to(device).reshape(-1).to(torch.float64) for k in ref])
-        parts.append(summed)
+        for key, value in ref.items():
+            segment = vector[offset:offset + value.numel()]
+            segment.add_(node.sums[name][key].to(device).reshape(-1), alpha=unit)
+            if base is not None and base:
+                segment.add_(base[key].detach().to(device).reshape(-1), alpha=float(weight))
+            offset += value.numel()
     tail = [weight, node.ok.double().sum(), *metric_sums(node.clients.table, node.ok).unbind(),
             *_scalar_sums(node.clients, node.ok, scalars), *([torch.zeros((), dtype=torch.float64, device=device)] * counters)]
-    return torch.cat([*parts, torch.stack(tail).to(torch.float64)])
+    vector[offset:] += torch.stack(tail).to(device, torch.float64)
 
 
 def unflatten(vector: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -334,7 +338,7 @@ def mean(results: ClientResults, like: Mapping[str, Mapping[str, Tensor]], *, ag
             *_scalar_sums(results, ok, scalars), *counters]
     vector = torch.cat([*parts, torch.stack(tail).to(torch.float64)])
     for node in node_sums:
-        vector = vector + _node_vector(node, like, node_reference or {}, aggregation, expected, scalars, len(counters))
+        _add_node(vector, node, like, node_reference or {}, aggregation, expected, scalars, len(counters))
     if all_reduce is not None:
         vector = all_reduce(vector)
     width = len(tail)
