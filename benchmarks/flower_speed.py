@@ -56,8 +56,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-import uuid
 import time
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -36,7 +36,7 @@ def table(result: dict) -> str:
     def f(v, fmt):
         return "-" if v is None or v != v else format(v, fmt)
 
-    for way, row in result["ways"].items():
+    for row in result["ways"].values():
         same = row.get("model == engine", "-")
         if row.get("model difference"):
             d = row["model difference"]
