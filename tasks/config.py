@@ -18,8 +18,8 @@ import dataclasses
 import difflib
 import math
 import re
-from dataclasses import dataclass, field
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
