@@ -131,10 +131,7 @@ class RunConfig:
         fields = {f.metadata["key"]: f for f in dataclasses.fields(cls) if f.metadata["key"] is not None}
         kwargs: dict[str, Any] = {fields[k].name: _coerce(k, fields[k].type, v) for k, v in values.items() if k in fields}
         algorithm = kwargs.get("algorithm", fields["algorithm"].default)
-        try:
-            chosen = method(algorithm)
-        except (ValueError, TypeError):
-            chosen = None  # refused by the validation, naming the known methods or what is wrong with the path
+        chosen = method(algorithm)  # first: its keys mean nothing without it (an error naming the methods, or the path's fault)
         rest = {k: v for k, v in values.items() if k not in fields}
         kwargs["options"] = tuple(_own_settings(rest, algorithm, chosen, list(fields), set(declared)).items())
         return cls(**kwargs)
