@@ -102,7 +102,7 @@ class RunConfig:
     average_iterates: bool = _key("average-iterates", "evaluate the running mean of the global models once valid-loss stops improving (nonmono evaluations)", default=False)
     nonmono: int = _key("nonmono", "evaluations without a new best valid-loss before average-iterates starts", default=5)
     eval_train: bool = _key("eval-train", "also evaluate the global model on the whole training set at each evaluation (train-eval-*)", default=False)
-    node_aggregation: bool = _key("node-aggregation", "a SuperNode serving several clients replies with their sum (one model's bytes, in float32 or the transport dtype) instead of each client's model: the reply checks see the node's average; needs uniform or examples aggregation, no DP, a method that only averages (celgc, local-sgd, naive, fedprox, fedavgm); the model equals the engine's up to the order of the float64 sum", default=False)
+    node_aggregation: bool = _key("node-aggregation", f"a SuperNode serving several clients replies with their sum (one model's bytes, in float32 or the transport dtype) instead of each client's model: the reply checks see the node's average; needs uniform or examples aggregation, no DP, a method that only averages ({', '.join(n for n, m in METHODS.items() if m.node_sums)}); the model equals the engine's up to the order of the float64 sum", default=False)
     transport: str = _key("transport", "how the model's trainable parameters travel in this project's Flower messages: float32 (exact), or bfloat16 / float16 (half the bytes, lossy: the global model rounded, replies the rounded difference from it; the engine sends nothing and stays exact)", default="float32")
     valid_fraction: float = _key("valid-fraction", "share of each client's training data held out (seeded) as the validation set: valid-loss, valid-accuracy; 0: none", default=0.0)
     #: the running method's own settings (``Algorithm.Settings``): (its key, value), every one of its keys; in
@@ -403,7 +403,8 @@ def node_aggregation_problem(c: RunConfig) -> str | None:
     if c.dp.enabled:
         return "needs dp-noise-multiplier = 0: a DP round needs every client's own update"
     if not method(c.algorithm).node_sums:
-        return (f"needs a method whose server only averages the replies (celgc, local-sgd, naive, fedprox, fedavgm), "
+        return (f"needs a method whose server only averages the replies "
+                f"({', '.join(n for n, m in METHODS.items() if m.node_sums)}), "
                 f"got algorithm {c.algorithm!r}")
     return None
 
