@@ -96,13 +96,17 @@ class FedOpt(CELGC):
 
 @dataclass(frozen=True)
 class AdaptiveSettings:
-    server_lr: float = own_key("server-lr", "eta, the server's learning rate", default=0.01, check=_positive,
+    """FedAdam's and FedYogi's keys. beta_1, beta_2: the paper's; server-lr and tau: selected on validation
+    on this project's default digits run over server-lr {0.01, 0.03, 0.1} x tau {0.001, 0.01}, 2 seeds
+    (docs/ALGORITHMS.md, "A server optimiser"): a starting point, not a tuned value -- tune both per task."""
+
+    server_lr: float = own_key("server-lr", "eta, the server's learning rate", default=0.03, check=_positive,
                                rule="a finite number > 0")
     beta1: float = own_key("beta1", "beta_1, decay of the server's first moment m", default=0.9, check=_decay,
                            rule="in [0, 1)")
     beta2: float = own_key("beta2", "beta_2, decay of the server's second moment v", default=0.99, check=_decay,
                            rule="in [0, 1)")
-    tau: float = own_key("tau", "tau, the adaptivity: x -= eta m / (sqrt(v) + tau); v starts at tau^2", default=1e-3,
+    tau: float = own_key("tau", "tau, the adaptivity: x -= eta m / (sqrt(v) + tau); v starts at tau^2", default=0.01,
                          check=_positive, rule="a finite number > 0")
 
 
