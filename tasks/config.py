@@ -324,9 +324,10 @@ def _unknown_keys(unknown: list[str], shared: list[str], methods: dict[str, Any]
                          + f"; a method's own keys are <name>.<key> of {', '.join(methods)}")
         else:
             close = difflib.get_close_matches(key, [*shared, *scoped], n=1, cutoff=0.7)
-            hints.append(f"did you mean {close[0]!r} for {key!r}?" if close else f"{key!r}")
-    return (f"unknown config key(s) {unknown}: {'; '.join(hints)}; known keys: {', '.join([*shared, *scoped])} "
-            "(README, Configuration)")
+            if close:
+                hints.append(f"did you mean {close[0]!r} for {key!r}?")
+    return (f"unknown config key(s) {unknown}{''.join(f' ({h})' for h in hints)}; known keys: "
+            f"{', '.join([*shared, *scoped])} (README, Configuration)")
 
 
 def _complete(c: RunConfig) -> None:
