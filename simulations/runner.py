@@ -111,7 +111,13 @@ def read_experiment(path: str | Path) -> tuple[dict[str, Any], dict[str, Any] | 
     sweep = data.pop("sweep", None)
     if sweep is not None and not isinstance(sweep, dict):
         raise ValueError(f"{path}: 'sweep' must be a [sweep] table (simulations/sweep.py), got {sweep!r}")
-    return flatten(data), sweep  # a method's table, [fedavgm] or fedavgm.server-lr = ..., as <name>.<key>
+    nested = [f"{k}.{inner}" for k, v in data.items() if isinstance(v, dict)
+              for inner, w in v.items() if isinstance(w, dict)]
+    if nested:
+        raise ValueError(f"{path}: an experiment file is flat run-config keys, a method's own keys (its table "
+                         f"[fedavgm], or fedavgm.server-lr = ...) and an optional [sweep] table, found the nested "
+                         f"table(s) {nested}")
+    return flatten(data), sweep  # a method's table as <name>.<key>
 
 
 def load_experiment(path: str | Path, overrides: dict[str, Any] | None = None,
