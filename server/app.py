@@ -219,7 +219,7 @@ def main(grid: Grid, context: Context) -> None:
     fast_objects.install()  # this process's messages: fewer copies, one hash a chunk (Flower's objects, same bytes)
     cfg = None
     try:
-        cfg = RunConfig.from_mapping(dict(context.run_config))
+        cfg = RunConfig.from_app(dict(context.run_config))
         run(grid, cfg)
     except Exception as exc:  # the cause (and fix) first, before Flower's traceback, naming the run's method
         what = "" if cfg is None else f" ({method(cfg.algorithm).label(cfg.local_steps)} on {cfg.task})"

@@ -2,12 +2,14 @@
 
 * docs/ALGORITHMS.md -- the registered methods: name, class, module, exchanges, own keys, their
   defaults for shared keys, the paper;
-* README.md -- every method's own run-config keys (type, default, meaning);
+* README.md -- every method's own run-config keys, ``<name>.<key>`` (type, default, meaning);
 * pyproject.toml -- those keys' defaults in ``[tool.flwr.app.config]`` (``flwr run`` accepts
   only keys listed there).
 
 Each sits between ``BEGIN``/``END`` marker lines naming this module. ``python -m
-simulations.docs_tables`` rewrites them; ``--check`` exits 1 naming a stale one (a test runs it).
+simulations.docs_tables`` rewrites them; ``--check`` exits 1 naming a stale one (a test runs it);
+``--method package.module:Class`` prints the lines a method of your own adds to an app's
+``[tool.flwr.app.config]`` (its keys at their defaults: ``flwr run`` takes them then).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from strategies.methods import METHODS, own_keys
+from strategies.methods import METHODS, method, own_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +40,7 @@ def method_table() -> list[str]:
             "|---|---|---|---|---|---|---|"]
     for name, cls in METHODS.items():
         module = cls.__module__.replace(".", "/") + ".py"
-        keys = ", ".join(f"`{k}`" for k in cls.own_keys()) or "--"
+        keys = ", ".join(f"`{k}`" for k in cls.run_config_keys()) or "--"
         shared = ", ".join(f"`{k}` = {_value(v)}" for k, v in cls.shared_defaults.items()) or "--"
         modes = ", ".join(m.value for m in cls.modes)
         rows.append(f"| `{name}` | `{cls.__name__}` | `{module}` | {modes} | {keys} | {shared} | {cls.paper or '--'} |")
@@ -58,6 +60,14 @@ def keys_table() -> list[str]:
 def pyproject_block() -> list[str]:
     return [f"{key} = {_value(f.default)}  # algorithm = \"{name}\": {f.metadata['doc']}"
             for key, (name, f) in own_keys().items()]
+
+
+def app_config_lines(path: str) -> list[str]:
+    """The lines a method of your own (``package.module:Class``) adds to an app's
+    ``[tool.flwr.app.config]``: its keys, ``<name>.<key>``, at their defaults."""
+    cls = method(path)
+    return [f"{key} = {_value(f.default)}  # algorithm = \"{path}\": {f.metadata['doc']}"
+            for key, f in cls.run_config_keys().items()]
 
 
 #: file -> (marker comment prefix, suffix, the lines)
@@ -91,7 +101,17 @@ def stale(root: Path = ROOT) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m simulations.docs_tables", description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if a table is stale, write nothing")
+    parser.add_argument("--method", metavar="PACKAGE.MODULE:CLASS",
+                        help="print the [tool.flwr.app.config] lines of a method of your own, write nothing")
     args = parser.parse_args(argv)
+    if args.method:
+        try:
+            lines = app_config_lines(args.method)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print("\n".join(lines) if lines else f"# algorithm = \"{args.method}\" has no keys of its own")
+        return 0
     if args.check:
         old = stale()
         for path in old:
