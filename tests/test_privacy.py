@@ -294,6 +294,20 @@ def test_frozen_buffers_stay_at_their_initial_values(runs):
     assert head["privacy"]["buffers"] == "frozen"
 
 
+def test_the_groupnorm_digits_task_runs_private_without_frozen_buffers(runs):
+    """tasks.digits:digits_groupnorm_task: the digits CNN with GroupNorm, no buffers, so a DP run needs no
+    dp-buffers = "frozen" and every released tensor is noised; clients of one image (batch 1) train."""
+    from tasks.digits import DigitsCNN, DigitsGroupNormCNN
+
+    model = DigitsGroupNormCNN()
+    assert not list(model.buffers())
+    assert [p.shape for p in model.parameters()] == [p.shape for p in DigitsCNN().parameters()]
+    _, (head, rows) = runs.engine("gn", **DP, **{"task": "tasks.digits:digits_groupnorm_task", "num-clients": 16,
+                                                 "clients-per-round": 4, "batch-size": 1, "valid-fraction": 0.1,
+                                                 "num-rounds": 2, "dp-accountant": "pld"})
+    assert head["privacy"]["buffers"] == "refuse" and rows[-1]["dp-epsilon"] > 0 and "test-accuracy" in rows[-1]
+
+
 # --- whole runs: both backends ------------------------------------------------------------------
 TINY = {"lr": 1e-6, "clip": 0.3, "local-steps": 2, "num-rounds": 1, "eval-every": 1}
 
@@ -382,6 +396,7 @@ def test_naive_with_dp_clip_runs_on_the_engine(runs, mlp_digits):
 @pytest.mark.parametrize("folder, private, plain", [
     ("dp-shakespeare", {"celgc-I8", "local-sgd-I8", "naive"}, set()),
     ("dp-digits", {"celgc-I4", "local-sgd-I4", "naive"}, {"nodp-celgc-I4", "nodp-local-sgd-I4", "nodp-naive"}),
+    ("dp-digits-eps8", {"celgc-I4", "local-sgd-I4"}, {"nodp-celgc-I4", "nodp-local-sgd-I4"}),
 ])
 def test_the_dp_comparison_gives_every_method_the_same_epsilon(folder, private, plain):
     """docs/EXPERIMENTS.md's DP utility comparisons: equal (z, K, M, rounds, delta) -> equal epsilon; the no-DP
@@ -402,7 +417,14 @@ def test_the_dp_comparison_gives_every_method_the_same_epsilon(folder, private, 
         plan = plans[name]
         cfg = RunConfig.from_mapping(plan.base)
         assert cfg.dp.enabled and not cfg.dp.reproducible and len(plan.seeds) >= 3 and cfg.valid_fraction > 0, name
-        assert ("dp-clip" in plan.grid) == (cfg.algorithm != "celgc"), name  # CELGC: no update clipping
+        # every other DP method tunes its update clip; CELGC runs without one (S = I gamma, its own bound), or tunes
+        # it with that point in the grid (dp-digits, issue 40)
+        clips = plan.grid.get("dp-clip")
+        assert (clips is None or 0.0 in clips) if cfg.algorithm == "celgc" else (clips and 0.0 not in clips), name
         budgets.add((cfg.dp_noise_multiplier, cfg.per_round, cfg.num_clients, cfg.num_rounds, cfg.dp_delta))
         settings.add((cfg.per_round, cfg.num_clients, cfg.num_rounds))
     assert len(budgets) == 1 and len(settings) == 1
+    if folder == "dp-digits-eps8":  # issue 40, item 4: epsilon <= 8 by both accountants at delta <= 1/M
+        z, k, m, rounds, delta = budgets.pop()
+        delta = delta or default_delta(m)
+        assert delta <= 1 / m and all(Accountant(z, k, m, delta, kind).epsilon(rounds) <= 8 for kind in ("rdp", "pld"))
