@@ -137,6 +137,24 @@ def test_pld_is_below_rdp_and_covers_rounds_of_either_direction(z, k, m, rounds)
         assert ours >= mixed.get_epsilon_for_delta(delta) - 1e-9, removes
 
 
+@pytest.mark.parametrize("z, k, m, rounds", [(2.0, 72, 718, 50), (2.0, 20, 200, 40)])
+def test_prv_accountant_agrees_with_dp_accountings_composition_and_ours_is_above(z, k, m, rounds):
+    """An independent composition (Microsoft's prv-accountant, as pfl-research uses; Gopi, Lee, Wutschitz 2021) of the
+    q-subsampled Gaussian's "remove" direction brackets dp-accounting's; ours (both directions, symmetrised) is above."""
+    prv = pytest.importorskip("prv_accountant")
+    from dp_accounting.pld import privacy_loss_distribution as pld
+    from prv_accountant.privacy_random_variables import PoissonSubsampledGaussianMechanism
+
+    delta = default_delta(m)
+    acc = prv.PRVAccountant(prvs=[PoissonSubsampledGaussianMechanism(k / m, z / 2)], max_self_compositions=[rounds],
+                            eps_error=0.1, delta_error=delta / 100)
+    low, _, high = acc.compute_epsilon(delta=delta, num_self_compositions=[rounds])
+    both = pld.from_gaussian_mechanism(z / 2, sampling_prob=k / m, value_discretization_interval=PLD_DISCRETIZATION)
+    remove = pld.PrivacyLossDistribution(both._pmf_remove).self_compose(rounds)  # noqa: SLF001
+    assert low <= remove.get_epsilon_for_delta(delta) <= high
+    assert Accountant(z, k, m, delta, "pld").epsilon(rounds) > high
+
+
 def test_pld_accountant_budget_and_description():
     acc = Accountant(1.0, 20, 200, default_delta(200), "pld")
     assert all(acc.epsilon(t) < acc.epsilon(t + 1) for t in (1, 5, 20))
