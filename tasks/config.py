@@ -110,9 +110,10 @@ class RunConfig:
     options: tuple[tuple[str, Any], ...] = field(default=(), metadata={"key": None, "doc": ""})
     eval_subsample: int = _key("eval-subsample", "evaluate on every k-th test example (1: all; cuts evaluation time on a CPU)", default=1)
     dp_noise_multiplier: float = _key("dp-noise-multiplier", "z, client-level DP: N(0, z^2 S^2) added once to the sum of a round's updates (S: the method's bound, or dp-clip); 0: no DP", default=0.0)
-    dp_clip: float = _key("dp-clip", "C, update clipping of a DP run (DP-FedAvg): the sensitivity S for a method without a per-client bound (local-sgd, naive, momentum > 0); 0: the method's own bound (CELGC: I gamma x the largest lr scale)", default=0.0)
+    dp_clip: float = _key("dp-clip", "C, update clipping of a DP run (DP-FedAvg): the sensitivity S, each contribution projected to norm <= C; needed without a per-client bound (local-sgd, naive, momentum > 0), a tighter S than CELGC's bound; 0: the method's own bound (CELGC: I gamma x the largest lr scale)", default=0.0)
     dp_delta: float = _key("dp-delta", "delta of the (epsilon, delta) reported; 0: 1/num-clients^1.1", default=0.0)
     dp_max_epsilon: float = _key("dp-max-epsilon", "the run stops (results and checkpoint kept) before a round would spend more epsilon; 0: no limit", default=0.0)
+    dp_accountant: str = _key("dp-accountant", "epsilon of a DP run by rdp (Renyi DP) or pld (privacy loss distribution: tighter for the same run), both dp-accounting, K of M without replacement, replace-one", default="rdp")
     dp_buffers: str = _key("dp-buffers", "a DP run with a model holding buffers (BatchNorm statistics: data, no bound): refuse, or frozen (kept at their initial values)", default="refuse")
     dp_reproducible: bool = _key("dp-reproducible", "noise and client sample from the public seed (tests, backend parity): the run is marked NOT private", default=False)
 
@@ -213,7 +214,8 @@ class RunConfig:
     def dp(self) -> DPSettings:
         """The DP keys (``strategies.core.dp_noise``, the mechanism ``strategies.methods.privacy``)."""
         return DPSettings(noise_multiplier=self.dp_noise_multiplier, clip=self.dp_clip, delta=self.dp_delta,
-                          max_epsilon=self.dp_max_epsilon, buffers=self.dp_buffers, reproducible=self.dp_reproducible)
+                          max_epsilon=self.dp_max_epsilon, accountant=self.dp_accountant, buffers=self.dp_buffers,
+                          reproducible=self.dp_reproducible)
 
     @property
     def hyper(self) -> Hyper:
