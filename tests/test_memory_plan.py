@@ -83,6 +83,7 @@ def test_flwr_run_that_cannot_fit_fails_before_round_1_with_the_reason(tmp_path,
 
     monkeypatch.setenv("CELGC_MEMORY_LIMIT", "1M")  # inherited by the SuperLink, the simulation and its ServerApp
     root = Path(__file__).resolve().parents[1]
+    (tmp_path / "superlink").mkdir()
     with LocalSuperLink(cwd=tmp_path / "superlink") as superlink:
         with pytest.raises(RunFailed) as info:
             run_app(root, {"num-clients": 4, "num-rounds": 2, "results-dir": str(tmp_path), "run-name": "small"},
