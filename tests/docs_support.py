@@ -255,7 +255,12 @@ class Sandbox:
         return self.root / block.note.get("cwd", ".")
 
     def run(self, block: Block) -> str:
-        """Run (or parse) a block; raises AssertionError with the output when it fails."""
+        """Run (or parse) a block; raises AssertionError with the output when it fails. The page's
+        earlier ``file=`` blocks are written first, so that a block also runs when a marker
+        (``-m realproc`` or ``-m "not realproc"``) left out the one that wrote its file."""
+        for earlier in blocks(ROOT / block.page):
+            if earlier.line < block.line and "file" in earlier.note and earlier.kind != "skipped":
+                self._write(earlier, self.cwd(earlier))
         timeout = float(block.note.get("timeout", 600))
         cwd = self.cwd(block)
         if block.lang == "toml":
