@@ -5,7 +5,8 @@ Python blocks run; shell blocks run (at a reduced size where the block's note sa
 home; a plain ``flwr run`` passes only when every run of its local SuperLink completed (it
 exits 0 for a failed run). TOML blocks are parsed; text blocks are shown. A block that cannot
 run here (several hosts, a GPU, hours of compute, an install) carries its reason, and
-``test_the_skipped_blocks_are_few_and_printed`` prints the list. How notes are written:
+``test_the_skipped_blocks_are_few_and_printed`` prints the list. A long command shown on two
+pages (the README's and the quickstart's first simulation) runs once. How notes are written:
 ``tests/docs_support.py``.
 """
 
