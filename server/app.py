@@ -247,7 +247,7 @@ def run(grid: Grid, cfg: RunConfig, wrap: Wrap | None = None) -> None:
 
     ``wrap``: a Flower strategy around the method's (Flower's
     ``DifferentialPrivacyServerSideFixedClipping``, say) that drives the rounds instead of it;
-    the reply checks, rows and checkpoints stay the inner strategy's (README "Flower's own DP
+    the reply checks, rows and checkpoints stay the inner strategy's (docs/how-to/flower-dp-wrappers.md, "Flower's own DP
     wrappers"). Refused together with this project's own DP keys (noise would be added twice)."""
     cfg = follow_federation(grid, cfg)
     if wrap is not None and cfg.dp.enabled:

@@ -285,8 +285,8 @@ def network_table(compared: Sequence[Compared], target: dict[str, float | None],
         return "", {}
     head = ("| setting | method | target | rounds to target | MB down / up to target | "
             + " | ".join(f"{link.name}: s to target" for link in links) + " |")
-    lines = ["Time to the target under a network model (`simulations/network.py`; docs/EXPERIMENTS.md, \"Time to "
-             "accuracy under a network model\"): a round costs the run's measured training time per local step × "
+    lines = ["Time to the target under a network model (`simulations/network.py`; "
+             "docs/experiments/network-model.md): a round costs the run's measured training time per local step × "
              "its local steps, 2 × latency per exchange, and one client's bytes over the downlink and the uplink; "
              "clients in parallel, nothing else modelled. Mean [95 % interval] over the seeds that reached the "
              "target. Links: " + "; ".join(f"{link.name} = {link.describe()}" for link in links) + ".", "",

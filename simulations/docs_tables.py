@@ -1,10 +1,13 @@
-"""The tables derived from the method registry, written into the files that show them.
+"""The tables derived from the code and the tools' outputs, written into the files that show them.
 
 * docs/ALGORITHMS.md -- the registered methods: name, class, module, exchanges, own keys, their
   defaults for shared keys, the paper;
-* README.md -- every method's own run-config keys, ``<name>.<key>`` (type, default, meaning);
-* pyproject.toml -- those keys' defaults in ``[tool.flwr.app.config]`` (``flwr run`` accepts
-  only keys listed there).
+* docs/reference/run-config.md -- every run-config key of ``tasks.config.RunConfig`` and every
+  method's own keys (type, default, meaning);
+* README.md -- the results at a glance: the table ``simulations.scaling`` wrote beside the
+  README's figure (``docs/figures/isweep/to-target.md``), as it is;
+* pyproject.toml -- the methods' keys' defaults in ``[tool.flwr.app.config]`` (``flwr run``
+  accepts only keys listed there).
 
 Each sits between ``BEGIN``/``END`` marker lines naming this module. ``python -m
 simulations.docs_tables`` rewrites them; ``--check`` exits 1 naming a stale one (a test runs it);
@@ -15,14 +18,18 @@ simulations.docs_tables`` rewrites them; ``--check`` exits 1 naming a stale one 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from strategies.methods import METHODS, method, own_keys
+from tasks.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the README's results at a glance: the scaling tool's table of the I-sweep (beside the README's figure)
+README_RESULTS = "docs/figures/isweep/to-target.md"
 
 
 def _value(value: object) -> str:
@@ -47,14 +54,39 @@ def method_table() -> list[str]:
     return rows
 
 
+def _cell(text: str) -> str:
+    """Text in a markdown table cell (a ``|`` would end the cell)."""
+    return text.replace("|", "\\|")
+
+
+def _type(f: dataclasses.Field) -> str:
+    typ = f.type if isinstance(f.type, str) else f.type.__name__
+    return {"tuple[float, ...]": "str (numbers, comma separated)"}.get(typ, typ)
+
+
 def keys_table() -> list[str]:
     rows = ["| key | algorithm | type | default | meaning |", "|---|---|---|---|---|"]
     for key, (name, f) in own_keys().items():
-        typ = f.type if isinstance(f.type, str) else f.type.__name__
-        rows.append(f"| `{key}` | `{name}` | {typ} | `{_value(f.default)}` | {f.metadata['doc']} |")
+        rows.append(f"| `{key}` | `{name}` | {_type(f)} | `{_value(f.default)}` | {_cell(f.metadata['doc'])} |")
     if len(rows) == 2:
         rows.append("| (none yet) | | | | |")
     return rows
+
+
+def config_tables() -> list[str]:
+    """Every ``RunConfig`` key (TOML default as ``pyproject.toml`` writes it), then the methods' own keys."""
+    defaults = RunConfig().to_mapping()
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for f in dataclasses.fields(RunConfig):
+        key = f.metadata["key"]
+        if key is not None:
+            rows.append(f"| `{key}` | {_type(f)} | `{_value(defaults[key])}` | {_cell(f.metadata['doc'])} |")
+    return [*rows, "", "Each method's own keys (a key of another method than the run's must keep its default):", "",
+            *keys_table()]
+
+
+def results_table() -> list[str]:
+    return (ROOT / README_RESULTS).read_text().strip("\n").split("\n")
 
 
 def pyproject_block() -> list[str]:
@@ -73,7 +105,8 @@ def app_config_lines(path: str) -> list[str]:
 #: file -> (marker comment prefix, suffix, the lines)
 TABLES: dict[str, tuple[str, str, Callable[[], list[str]]]] = {
     "docs/ALGORITHMS.md": ("<!-- ", " -->", method_table),
-    "README.md": ("<!-- ", " -->", keys_table),
+    "docs/reference/run-config.md": ("<!-- ", " -->", config_tables),
+    "README.md": ("<!-- ", " -->", results_table),
     "pyproject.toml": ("# ", "", pyproject_block),
 }
 

@@ -33,7 +33,7 @@ from strategies.methods.privacy import method_problems
 from .overrides import flatten
 
 TASKS = ("digits", "cifar10", "ptb", "wikitext2", "shakespeare")
-#: ``package.module:factory`` -- a task of your own (``tasks.custom``, README "Bring your own task")
+#: ``package.module:factory`` -- a task of your own (``tasks.custom``, docs/tutorials/own-task.md)
 TASK_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 #: the methods (``strategies.methods``: one module each) when this module was imported
 ALGORITHMS = tuple(METHODS)
@@ -49,7 +49,7 @@ DEFAULT_CLIENTS = 8
 
 
 def _key(name: str, doc: str, **kw: Any) -> Any:
-    """A config field with its TOML key and one-line meaning (shown in the README)."""
+    """A config field with its TOML key and one-line meaning (docs/reference/run-config.md shows it)."""
     return field(metadata={"key": name, "doc": doc}, **kw)
 
 

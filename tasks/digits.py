@@ -42,7 +42,7 @@ class DigitsCNN(nn.Module):
 
 class DigitsGroupNormCNN(nn.Module):
     """DigitsCNN with GroupNorm (4 channels a group) in place of BatchNorm: the same parameters and no
-    buffers, so a DP run has nothing to freeze (README "Differential privacy"), and a client of one
+    buffers, so a DP run has nothing to freeze (docs/tutorials/differential-privacy.md), and a client of one
     image normalises in training exactly as at test time."""
 
     def __init__(self, num_classes: int = 10) -> None:
