@@ -3,12 +3,15 @@ replies within round-timeout), who failed is recorded per round, a client can re
 few replies fail the run naming the failures; a server killed after round k and restarted
 resumes from its checkpoint to the same final model; a host's own data (local-data).
 
-The first tests run the real ServerApp and ClientApp in process (fast); the last two run a
-real secure deployment (SuperLink + two SuperNodes) and kill / stop its processes.
+The first tests run the real ServerApp and ClientApp in process (fast); the last ones run a
+real secure deployment (SuperLink + two SuperNodes) and kill / stop its processes (the
+ServerApp killed and the run resumed by ``submit.sh --restarts``, too).
 """
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -25,7 +28,9 @@ from server.app import FederationError
 from server.app import app as server_app
 from server.faults import NotEnoughNodes
 from simulations.flower.deploy import Deployment, Proc, last_record
+from simulations.flower.processes import process_tree
 from simulations.loopback import LoopbackGrid, run_server_app
+from simulations.replay import row_accounting
 from tasks.config import RunConfig
 from tasks.runs.checkpoint import load_checkpoint
 from tasks.runs.results import read_results
@@ -173,6 +178,45 @@ def test_server_killed_after_round_1_and_restarted_ends_with_the_same_model(depl
     _, rows = read_results(folder / "results.jsonl")
     assert [r["round"] for r in rows] == [0, 1, 2] and rows[2]["resumed-from-round"] == 1
     assert_same_weights(folder, reference)
+
+
+def serverapps(d: Deployment) -> list[int]:
+    """The live flwr-serverapp processes of the deployment's SuperLink (the run's ServerApp)."""
+    tree = process_tree([d.superlink.pid]) if d.superlink is not None else {}
+    return [pid for pid in tree if "flwr-serverapp" in cmdline(pid)]
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@needs_openssl
+def test_submit_restarts_a_run_whose_serverapp_was_killed(deployment, tmp_path):
+    """submit.sh --restarts: the ServerApp dies mid-run (its host's OOM killer, say); Flower marks the run
+    failed once its heartbeat expired (up to 60 s), submit.sh submits it again with resume=true, and the
+    resumed run ends with the uninterrupted run's model, every round's row exactly once."""
+    d = deployment
+    config = {**DEPLOY_CONFIG, "num-rounds": 3, "results-dir": str(tmp_path / "results"), "run-name": "restarted"}
+    folder = tmp_path / "results" / "restarted"
+    submit = d.submit_in_background(config, 400, restarts=2, restart_delay=1)
+    wait_until("a round-1 checkpoint", lambda: (folder / "checkpoint.pt").exists(), submit)
+    killed = serverapps(d)
+    assert killed, "no flwr-serverapp process found under the SuperLink"
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
+    assert submit.wait_exit(300) == 0, submit.tail(60)
+    out = submit.output()
+    assert re.search(r"submit\.sh: restart 1/2 of run \d+ \(finished:failed\): finished:failed: No heartbeat received "
+                     r"from the task; submitting it again with resume=true", out), out[-3000:]
+    assert len(re.findall(r"^run-id \d+$", out, re.M)) == 2
+    _, rows = read_results(folder / "results.jsonl")
+    accounted = row_accounting(rows, 3)
+    assert (accounted["rows-lost"], accounted["rows-duplicated"]) == (0, 0), accounted
+    assert [r["round"] for r in rows] == [0, 1, 2, 3] and any(r.get("resumed-from-round") for r in rows)
+    assert_same_weights(folder, reference_run(tmp_path / "sim", **{"num-rounds": 3}))
 
 
 @needs_openssl
