@@ -133,9 +133,7 @@ class RunConfig:
     @classmethod
     def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
         """Read ``[tool.flwr.app.config]`` of a pyproject.toml (or a flat override file)."""
-        data = tomllib.loads(Path(path).read_text())
-        values = data.get("tool", {}).get("flwr", {}).get("app", {}).get("config", data)
-        return cls.from_mapping({**values, **(overrides or {})})
+        return cls.from_mapping(toml_values(path, overrides))
 
     def to_mapping(self) -> dict[str, Any]:
         """The config as run-config keys and TOML-friendly values (logged with results)."""
@@ -208,6 +206,13 @@ class RunConfig:
         return Hyper(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Hyper)})
 
 
+def toml_values(path: str | Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run-config keys of ``[tool.flwr.app.config]`` of a pyproject.toml (or a flat file), overridden."""
+    data = tomllib.loads(Path(path).read_text())
+    values = data.get("tool", {}).get("flwr", {}).get("app", {}).get("config", data)
+    return {**values, **(overrides or {})}
+
+
 def task_label(task: str) -> str:
     """``task`` as a file-name part: a built-in name as is, ``pkg.mod:factory`` -> ``pkg.mod.factory``."""
     return task.replace(":", ".")
@@ -252,6 +257,32 @@ def _complete(c: RunConfig) -> None:
                                  f"\"{name}\" or leave {key} at {fld.default!r})")
             values.append((key, value))
     object.__setattr__(c, "options", tuple(values))
+
+
+def shared_default_notes(values: dict[str, Any], explicit: Any = None) -> list[str]:
+    """One line for each shared key whose value the chosen method's own default replaced (``Algorithm.
+    shared_defaults``: ``algorithm = "scaffold"`` with ``clip = 0.3`` runs unclipped). ``values``: the run
+    config's keys; ``explicit``: the keys the user set (the engine's overrides): only those are named, as
+    set explicitly. None: not known (a ServerApp gets every key, defaults included): every replacement
+    is named, said to be set or left at the shared default."""
+    cfg = RunConfig.from_mapping(dict(values))
+    fields = {f.metadata["key"]: f for f in dataclasses.fields(RunConfig) if f.metadata["key"] is not None}
+    notes = []
+    for key in method(cfg.algorithm).shared_defaults:
+        if key not in values or key not in fields or (explicit is not None and key not in explicit):
+            continue
+        given, used = _coerce(key, fields[key].type, values[key]), getattr(cfg, fields[key].name)
+        if given == used:
+            continue
+        how = "set explicitly" if explicit is not None else "set in the run config, or left at the shared default"
+        notes.append(f"algorithm {cfg.algorithm!r} runs with {key} = {_shown(key, used)}, its own default: the run's "
+                     f"{key} = {_shown(key, given)} ({how}) equals the shared default, which a method's own default "
+                     "replaces")
+    return notes
+
+
+def _shown(key: str, value: Any) -> str:
+    return "off" if key == "clip" and isinstance(value, float) and math.isinf(value) else f"{value!r}"
 
 
 def _coerce(key: str, typ: Any, value: Any) -> Any:
