@@ -222,9 +222,8 @@ class Soak:
 
     def _worker_kill(self, f: Fault) -> None:
         tree = process_tree([self.d.nodes[f.host].pid])
-        runners = [p for p in tree if "warm_runner.py" in " ".join(cmdline(p))]
-        workers = [p for p in tree if p not in runners and any(
-            _ppid(p) == r for r in runners) and "warm_runner.py" in " ".join(cmdline(p))]
+        warm = {p for p in tree if "warm_runner.py" in " ".join(cmdline(p))}  # the runner and its forks
+        workers = sorted(p for p in warm if _ppid(p) in warm)
         if not workers:
             f.note = "no worker alive (between runs)"
             return

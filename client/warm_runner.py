@@ -37,7 +37,6 @@ What is isolated, and what is not:
 * **Stopping.** SIGTERM or SIGINT stops the runner and every worker (SIGTERM, SIGKILL after
   5 s). The runner exits when the SuperNode (``--parent-pid``) is gone, a worker when the
   runner is.
-
 * **Only this runner acquires the node's tasks.** With ``--superexec-auth-secret-file`` (the
   SuperNode's SuperExec secret: ``start_supernode.sh`` makes a fresh one per node, readable by its
   user only, and gives it to both) every ``AcquireTask`` is signed with it, and the SuperNode
