@@ -258,7 +258,8 @@ class Soak:
     def start_node(self, i: int, name: str) -> None:
         self.d.start_supernode(i, partition=i, num_partitions=self.args.nodes, name=name,
                                options=["--threads", "1", "--rejoin-retries", "40", "--rejoin-delay", "5"],
-                               env={"TMPDIR": str(self.root / "tmp")})
+                               env={"TMPDIR": str(self.root / "tmp"),
+                                    "CELGC_STAMPS": str(self.root / f"stamps-host{i}.jsonl")})
 
 
 def _ppid(pid: int) -> int:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from flwr.app import ConfigRecord, Context
 
+from tasks.runs import stamps
+
 ENV = "CELGC_TORCH_THREADS"
 
 
@@ -64,5 +66,7 @@ def use_host_share(context: Context) -> None:
     if n is not None:
         import torch
 
-        if torch.get_num_threads() != n:
+        before = torch.get_num_threads()
+        if before != n:
             torch.set_num_threads(n)
+        stamps.mark("host-share", run=context.run_id, threads=torch.get_num_threads(), before=before)
