@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import random
@@ -65,6 +66,7 @@ from benchmarks.process_monitor import role_of  # noqa: E402
 from simulations.flower.deploy import Deployment, Namespaces  # noqa: E402
 from simulations.flower.processes import cmdline, process_tree  # noqa: E402
 from simulations.replay import missed_rounds, model_differences, replay, row_accounting  # noqa: E402
+from tasks.runs import stamps  # noqa: E402
 from tasks.runs.results import parse_lines, read_results  # noqa: E402
 
 KINDS = ("supernode-kill", "worker-kill", "link-down", "link-throttle", "superlink-restart", "serverapp-kill")
@@ -289,6 +291,22 @@ def rss_growth(rss: dict[int, dict[str, Any]], start: int, warmup: int, span: in
     return sorted(out, key=lambda e: -e["growth"])
 
 
+def message_differences(deployed: Path, replayed: Path, limit: int = 20) -> list[dict[str, Any]]:
+    """The messages (round, direction, partition) whose arrays differ between the deployed run and its
+    replay, from the ServerApp's digests (``server.faults``: ``sent`` / ``received`` stamps; of a round
+    redone after a restart, the last). Error replies and messages to offline clients have no twin."""
+    def table(path: Path) -> dict[tuple, str]:
+        out = {}
+        for m in stamps.read(path) if path.exists() else []:
+            if m.get("event") in ("sent", "received") and m.get("round") is not None:
+                out[(m["round"], m["event"], str(m.get("to", m.get("frm"))))] = m["digest"]
+        return out
+    a, b = table(deployed), table(replayed)
+    diff = [{"round": k[0], "message": k[1], "partition": k[2], "deployed": a[k], "replay": b[k]}
+            for k in sorted(set(a) & set(b)) if a[k] != b[k]]
+    return diff[:limit]
+
+
 def machine() -> str:
     model = ""
     try:
@@ -369,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"soak in {root}: {args.rounds} rounds, {len(faults)} faults: "
           f"{dict(Counter(f.kind for f in faults))}", flush=True)
     submit_code, submit_out = None, ""
+    os.environ[stamps.ENV] = str(root / "stamps-server.jsonl")  # the ServerApp's digests of what it sent and got
     with Namespaces(num_clients=args.nodes) as ns, Deployment(root / "dep", num_keys=args.nodes, netns=ns) as d:
         soak = Soak(args, root, ns, d)
         d.start_superlink()
@@ -397,7 +416,11 @@ def main(argv: list[str] | None = None) -> int:
     missed = missed_rounds(rows)
     differences = None
     if submit_code == 0:
+        os.environ[stamps.ENV] = str(root / "stamps-replay.jsonl")
+        logging.getLogger("flwr").setLevel(logging.WARNING)  # the replay's round log is the run's again
         differences = model_differences(soak.folder, replay(soak.folder, root / "replay", threads=1))
+    os.environ.pop(stamps.ENV, None)
+    messages = message_differences(root / "stamps-server.jsonl", root / "stamps-replay.jsonl")
     processes = rss_growth(soak.rss, args.rss_from, 20, args.rss_span)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -415,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         "submit-exit": submit_code,
         "client-rounds-missed": {str(k): len(v) for k, v in sorted(missed.items())},
         "model-differences": differences,
+        "message-differences": messages,
+        "round-seen-seconds": {str(k): round(v, 2) for k, v in sorted(soak.seen.items())},
         "rss-processes": processes,
         "rss-definition": f"processes living >= {args.rss_span} rounds from round max({args.rss_from}, their first + 20); "
                           "median of the first 5 samples there vs the last 5",
