@@ -32,8 +32,10 @@ CASES: dict[str, dict] = {
     "scaffold": {"algorithm": "scaffold", "clip": "off"},
     "single": {"algorithm": "single", "num-clients": 1},
     "celgc-median": {"algorithm": "celgc", "aggregation": "median"},
-    "fedprox": {"algorithm": "fedprox", "proximal-mu": 0.1},
-    "fedavgm": {"algorithm": "fedavgm", "server-momentum": 0.7},
+    "fedprox": {"algorithm": "fedprox", "fedprox.proximal-mu": 0.1},
+    "fedavgm": {"algorithm": "fedavgm", "fedavgm.server-momentum": 0.7},
+    "fedadam": {"algorithm": "fedadam"},
+    "fedyogi": {"algorithm": "fedyogi"},
 }
 BASE = {"num-clients": 3, "num-rounds": 2, "local-steps": 2, "batch-size": 16, "device": "cpu", "node-wait": 2.0}
 #: the engine's paths, and the ServerApp + ClientApp with one node a client or one node holding all clients

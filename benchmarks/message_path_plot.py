@@ -34,7 +34,7 @@ def table(result: dict) -> str:
              "|---|---|---|---|---|---|---|"]
 
     def f(v, fmt):
-        return "-" if v is None or v != v else format(v, fmt)
+        return "-" if v is None or v != v or v == float("inf") else format(v, fmt)
 
     for row in result["ways"].values():
         same = row.get("model == engine", "-")
@@ -50,12 +50,59 @@ def table(result: dict) -> str:
         if row.get("processes"):
             cells = [f"{row['processes'][r]['peak MiB']:.0f}" if r in row["processes"] else "-" for r in ROLES]
             memory.append(f"| {row['label']} | " + " | ".join(cells) + " |")
-    return head + "\n".join(lines) + "\n" + "\n".join(memory) + "\n\n" + result.get("load", "").replace("# ", "") + "\n"
+    parts = [row for row in result["ways"].values() if row.get("parts")]
+    where = []
+    if parts:
+        names = list(parts[0]["parts"])
+        where = ["", "Where a deployed round's seconds go (means over rounds 2..; from time stamps; the nodes overlap, so "
+                 "the parts need not add up to the round):", "", "| way | " + " | ".join(names) + " |",
+                 "|---|" + "---|" * len(names)]
+        for row in parts:
+            where.append(f"| {row['label']} | " + " | ".join(f(row['parts'].get(n), '.2f') for n in names) + " |")
+    load = result.get("load", "").replace("# ", "").replace("\n", " ")
+    return head + "\n".join(lines) + "\n" + "\n".join(memory) + "\n" + "\n".join(where) + "\n\n" + load + "\n"
 
 
 #: the processes shown in the memory tables
 ROLES = ("engine", "ServerApp", "SuperLink", "SuperNode", "warm runner", "ClientApp worker (warm)",
          "ClientApp (flwr-clientapp)", "simulation (ServerApp + Ray driver)", "Ray worker")
+
+
+def copies(results: list[dict]) -> str:
+    """Each process's peak beyond the digits run's (the same process with a 0.1 MB model) in copies of the
+    model, beside what ``server.memory`` plans for it (deployed ways on 2 SuperNodes)."""
+    from server.memory import needs
+
+    base = next((r for r in results if r["setting"] == "digits" and r["nodes"] == 2 and not r.get("netns")), None)
+    if base is None:
+        return ""
+    roles = {"ServerApp": "ServerApp", "SuperLink": "SuperLink", "SuperNode": "SuperNode",
+             "ClientApp worker (warm)": "ClientApp"}
+    lines = ["| setting | way | " + " | ".join(f"{r}: measured / planned" for r in roles.values()) + " |",
+             "|---|---|" + "---|" * len(roles)]
+    for r in results:
+        if r is base or r["nodes"] != 2 or r.get("netns"):
+            continue
+        m = r["model-bytes"]
+        per_node = {n: r["num-clients"] // r["nodes"] + (n < r["num-clients"] % r["nodes"]) for n in range(r["nodes"])}
+        for way, options in (("deployed", {}), ("sums", {"node_sums": True}), ("bf16", {"transport": "bfloat16"}),
+                             ("sums-bf16", {"node_sums": True, "transport": "bfloat16"})):
+            row, ref = r["ways"].get(way), base["ways"].get(way) or base["ways"].get("deployed")
+            if not row or not ref or not row.get("processes"):
+                continue
+            plan = needs(m, per_node, node_sums=options.get("node_sums", False),
+                         transport=options.get("transport", "float32"), server_host=None, node_host={})
+            planned = {k: max(n.bytes for n in plan if n.process.split(" ")[0] == v) for k, v in roles.items()}
+            cells = []
+            for role in roles:
+                if role in row["processes"] and role in ref["processes"]:
+                    extra = (row["processes"][role]["peak MiB"] - ref["processes"][role]["peak MiB"]) * 2**20
+                    cells.append(f"{extra / m:.1f} / {planned[role] / m:.1f}")
+                else:
+                    cells.append("-")
+            lines.append(f"| {r['setting']} | {row['label']} | " + " | ".join(cells) + " |")
+    return ("Memory beyond the same process in the digits run (0.1 MB model), in copies of the model: measured "
+            "(peak resident memory) / planned by `server.memory` for the round:\n\n" + "\n".join(lines) + "\n")
 
 
 def plot(folder: Path) -> None:
@@ -70,6 +117,9 @@ def plot(folder: Path) -> None:
     for result in results:
         stem = f"{result['setting']}-{result['nodes']}nodes{'-netns' if result.get('netns') else ''}"
         (folder / f"{stem}.md").write_text(table(result))
+    memory = copies(results)
+    if memory:
+        (folder / "memory.md").write_text(memory)
     by_size = sorted((r for r in results if r["nodes"] == 2 and not r.get("netns")), key=lambda r: r["parameters"])
     if len(by_size) >= 2:
         fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))

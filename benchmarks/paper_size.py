@@ -8,7 +8,7 @@
 * ``awd_lstm`` -- the paper's PTB AWD-LSTM (3 layers, embedding 400, hidden 1150, tied, weight
   drop 0.5; 24M parameters, 96 MB) on the Penn Treebank files in ``data-dir`` when present,
   else on a synthetic token stream over 10,000 word types (PTB's vocabulary size) from a fixed seed.
-* ``mlp85`` -- a user's own task as README "Bring your own task" builds one: scikit-learn's digits
+* ``mlp85`` -- a user's own task as docs/tutorials/own-task.md builds one: scikit-learn's digits
   and a 64-4096-4096-1024-10 MLP (21M parameters, 85 MB), the model of the issue that measured the
   message path first.
 * ``mlp`` -- the same MLP family at any width, for cost curves against model size: hidden width

@@ -104,7 +104,7 @@ def trainable_names(task: object) -> list[str]:
 
 def run_config(context: Context) -> RunConfig:
     """The run config; num-clients = 0 (follow the federation) becomes this node's num-partitions."""
-    cfg = RunConfig.from_mapping(dict(context.run_config))
+    cfg = RunConfig.from_app(dict(context.run_config))
     num = context.node_config.get("num-partitions")
     return cfg.with_clients(num) if isinstance(num, int) and not isinstance(num, bool) else cfg
 

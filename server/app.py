@@ -219,8 +219,8 @@ def main(grid: Grid, context: Context) -> None:
     fast_objects.install()  # this process's messages: fewer copies, one hash a chunk (Flower's objects, same bytes)
     cfg = None
     try:
-        cfg = RunConfig.from_mapping(dict(context.run_config))
-        for note in shared_default_notes(dict(context.run_config)):
+        cfg = RunConfig.from_app(dict(context.run_config))
+        for note in shared_default_notes(cfg, context.run_config):
             log(INFO, "%s", note)
         run(grid, cfg)
     except Exception as exc:  # the cause (and fix) first, before Flower's traceback, naming the run's method
@@ -249,7 +249,7 @@ def run(grid: Grid, cfg: RunConfig, wrap: Wrap | None = None) -> None:
 
     ``wrap``: a Flower strategy around the method's (Flower's
     ``DifferentialPrivacyServerSideFixedClipping``, say) that drives the rounds instead of it;
-    the reply checks, rows and checkpoints stay the inner strategy's (README "Flower's own DP
+    the reply checks, rows and checkpoints stay the inner strategy's (docs/how-to/flower-dp-wrappers.md, "Flower's own DP
     wrappers"). Refused together with this project's own DP keys (noise would be added twice)."""
     cfg = follow_federation(grid, cfg)
     if wrap is not None and cfg.dp.enabled:

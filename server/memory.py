@@ -1,18 +1,19 @@
 """Will a round fit? The memory the message path needs on every host, checked before round 1.
 
 A round of N clients of an M-byte model holds copies of the model in every process it crosses.
-Counted from the peaks ``benchmarks/message_path.py`` measured (docs/message-path.md: the
-copies each process held for AWD-LSTM, ResNet-56 and a user's 85 MB MLP), the message path needs
-about, beyond each process's own start (``COPIES``):
+Fitted to the peaks ``benchmarks/message_path.py`` measured (docs/message-path.md: the copies each
+process held for AWD-LSTM and a user's 85 MB MLP, exact and with node-aggregation and bfloat16,
+each planned at or above what was measured), the message path needs, beyond each process's own
+start, with ``w`` a model's bytes on the wire (M, or M/2 with a lossy transport) and ``R`` a
+node's reply on the wire (its clients' models, or one with node-aggregation):
 
-* ServerApp: ``SERVER_MODEL`` x M for the round's global model (its tensors, record, packed
-  payload, evaluation) and float64 average, plus ``REPLY`` x each reply it holds (the pulled
-  objects, the joined array, the decoded tensors) -- a client's model, or a node's sum;
-* SuperLink: the message down once (``w``: the model's bytes on the wire) and every reply twice
-  (stored, and in flight);
-* SuperNode: its message and its reply, twice each;
-* ClientApp: its clients' models and gradients (``CLIENT_MODEL`` x M each: the executor's), and its
-  message and reply twice. What training itself adds (activations) is the task's: not counted.
+* ServerApp: ``SERVER_MODEL`` x M (the round's global model: tensors, record, packed payload,
+  evaluation, float64 average) plus ``REPLY`` x each reply it holds (pulled objects, joined array,
+  decoded tensors) counted in models;
+* SuperLink: ``LINK_DOWN`` x w a node (the message down, pulled by each) plus ``LINK_UP`` x every reply;
+* SuperNode: ``NODE_COPIES`` x (w + R) plus w;
+* ClientApp: ``CLIENT_MODEL`` x M a client (the executor's model, gradients and a step's temporaries)
+  plus 2 x (w + R). Training activations beyond that are the task's: not counted.
 
 Nodes report their host's available memory and its id in the federation check
 (``tasks.host``); processes of one host (network namespaces included) share one budget. A round
@@ -33,10 +34,12 @@ from flwr.supercore import log
 from tasks.host import available_memory, host_id
 
 #: model copies each process holds (see the module docstring)
-SERVER_MODEL = 10
+SERVER_MODEL = 12
 REPLY = 3
-CLIENT_MODEL = 2
-TRAINABLE_SHARE = 1.0  # the wire share of a model that a lossy transport halves (its trainable parameters)
+LINK_DOWN = 4
+LINK_UP = 2.5
+NODE_COPIES = 4
+CLIENT_MODEL = 4
 
 
 class MemoryPlanError(RuntimeError):
@@ -70,14 +73,16 @@ def needs(model_bytes: int, node_clients: Mapping[int, int], *, node_sums: bool,
     out = [Need("ServerApp", server, SERVER_MODEL * m + REPLY * held,
                 f"the global model and its float64 average ({SERVER_MODEL} x the model) and the round's replies "
                 f"({REPLY} x {held / 1e6:.0f} MB: {'one sum a node' if node_sums else 'one model a client'})"),
-           Need("SuperLink", server, w + 2 * sum(reply(c) for c in node_clients.values()),
-                "the message down and every reply, stored and in flight")]
+           Need("SuperLink", server, int(LINK_DOWN * w * len(node_clients) + LINK_UP * sum(reply(c) for c in
+                                                                                        node_clients.values())),
+                "the message down to each node and every reply, stored and in flight")]
     for node, c in sorted(node_clients.items()):
         host = node_host.get(node)
         host = host if host is not None else f"node {node}"
-        out.append(Need(f"SuperNode {node}", host, 2 * (w + reply(c)), f"its message and reply ({c} client(s))"))
+        out.append(Need(f"SuperNode {node}", host, NODE_COPIES * (w + reply(c)) + w,
+                        f"its message and reply ({c} client(s))"))
         out.append(Need(f"ClientApp {node}", host, CLIENT_MODEL * c * m + 2 * (w + reply(c)),
-                        f"{c} client model(s) and gradients, its message and reply"))
+                        f"{c} client model(s), gradients and a step's temporaries, its message and reply"))
     return out
 
 

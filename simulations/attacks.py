@@ -102,8 +102,8 @@ def install(attack: str | Callable[[], str]) -> None:
 
     honest = wire.reply_of
 
-    def reply_of(msg, results, extras, multi=False, packed=False):
-        reply = honest(msg, results, extras, multi=multi, packed=packed)
+    def reply_of(msg, results, extras, multi=False, **options):
+        reply = honest(msg, results, extras, multi=multi, **options)
         if msg.metadata.message_type == MessageType.TRAIN and not multi:
             lie(attack() if callable(attack) else attack, msg, reply)
         return reply

@@ -37,6 +37,7 @@ from typing import Any
 from strategies.methods import method as method_class
 
 from .network import NETWORK_HELP, Link, parse_links, run_seconds
+from .privacy_report import norm_summary, privacy_table
 from .stats import Summary, band, summary
 from .summary import Run, common_target, load_run, rounds_to_target
 from .sweep import find_manifests, format_value, grid_points, last_value, read_manifest, select_point
@@ -95,7 +96,8 @@ def load_compared(path: Path) -> Compared:
     z = float(runs[0].config.get("dp-noise-multiplier") or 0.0)
     method = runs[0].label + (f" + DP z={z:g}" if z > 0 else "")  # told apart from the method without DP
     tuning = [{"values": dict(point), "scores": scores.get(point, []), "clip-share": clip_share(clipped.get(point, [])),
-               "selected": dict(point) == selected} for point in (tuple(p) for p in grid_points(manifest["grid"]))]
+               "dp-norms": norm_summary(clipped.get(point, [])), "selected": dict(point) == selected}
+              for point in (tuple(p) for p in grid_points(manifest["grid"]))]
     return Compared(manifest["run-name"], runs[0].group, method, selected, runs, select,
                     summary([v for v in valid if v is not None]), len(manifest["runs"]), compute, tuning)
 
@@ -177,7 +179,7 @@ def table(compared: Sequence[Compared], target: dict[str, float | None]) -> tupl
         data.append(row)
         pct = 100.0 if key.endswith("accuracy") else 1.0
         vscale = 100.0 if c.select.endswith("accuracy") else 1.0
-        sel = ", ".join(f"{_greek(k)} {format_value(v)}" for k, v in c.selected.items()) or "-"
+        sel = _selected(c)
         final_txt = "diverged on every seed" if s.mean is None else f"{s.mean * pct:.2f} ± {(s.std or 0) * pct:.2f}"
         if diverged and s.mean is not None:
             final_txt += f" ({diverged} diverged)"
@@ -191,6 +193,10 @@ def table(compared: Sequence[Compared], target: dict[str, float | None]) -> tupl
     return "\n".join(lines) + "\n", data
 
 
+def _selected(c: Compared) -> str:
+    return ", ".join(f"{_greek(k)} {format_value(v)}" for k, v in c.selected.items()) or "-"
+
+
 def _share(share: float | None) -> str:
     return "-" if share is None else f"{share * 100:.0f} %"
 
@@ -198,7 +204,9 @@ def _share(share: float | None) -> str:
 def tuning_table(compared: Sequence[Compared]) -> str:
     """Every tuning point of every sweep: its validation score (mean over the tuning seeds; a run that
     diverged or did not finish shows as such) and its share of clipped steps; the selected point marked."""
-    lines = ["| setting | method | point | validation | steps clipped | selected |", "|---|---|---|---|---|---|"]
+    dp = any(point.get("dp-norms") for c in compared for point in c.tuning)  # DP: the update norms against S
+    lines = ["| setting | method | point | validation | steps clipped | " + ("update norm mean / max, ÷ S | " if dp else "")
+             + "selected |", "|---|---|---|---|---|" + ("---|" if dp else "") + "---|"]
     for c in compared:
         vscale = 100.0 if c.select.endswith("accuracy") else 1.0
         for point in c.tuning:
@@ -212,7 +220,10 @@ def tuning_table(compared: Sequence[Compared]) -> str:
                 score = f"{sum(found) / len(found) * vscale:.4g}" + (
                     f" ({len(scores) - len(found)} of {len(scores)} diverged)" if len(found) < len(scores) else "")
             values = ", ".join(f"{_greek(k)} {format_value(v)}" for k, v in point["values"].items()) or "-"
-            lines.append(f"| {c.setting} | {c.method} | {values} | {score} | {_share(point['clip-share'])} | "
+            norms = point.get("dp-norms")
+            extra = ("-" if not norms else f"{norms['norm-mean'] / norms['sensitivity']:.2f} / "
+                     f"{norms['norm-max'] / norms['sensitivity']:.2f}") + " | " if dp else ""
+            lines.append(f"| {c.setting} | {c.method} | {values} | {score} | {_share(point['clip-share'])} | {extra}"
                          f"{'yes' if point['selected'] else ''} |")
     return "\n".join(lines) + "\n"
 
@@ -274,8 +285,8 @@ def network_table(compared: Sequence[Compared], target: dict[str, float | None],
         return "", {}
     head = ("| setting | method | target | rounds to target | MB down / up to target | "
             + " | ".join(f"{link.name}: s to target" for link in links) + " |")
-    lines = ["Time to the target under a network model (`simulations/network.py`; docs/EXPERIMENTS.md, \"Time to "
-             "accuracy under a network model\"): a round costs the run's measured training time per local step × "
+    lines = ["Time to the target under a network model (`simulations/network.py`; "
+             "docs/experiments/network-model.md): a round costs the run's measured training time per local step × "
              "its local steps, 2 × latency per exchange, and one client's bytes over the downlink and the uplink; "
              "clients in parallel, nothing else modelled. Mean [95 % interval] over the seeds that reached the "
              "target. Links: " + "; ".join(f"{link.name} = {link.describe()}" for link in links) + ".", "",
@@ -430,8 +441,12 @@ def compare(paths: Sequence[str | Path], out: str | Path, target: float | None =
     if any(len(c.tuning) > 1 for c in compared):
         text += f"\nTuning points (validation: {'/'.join(sorted({c.select for c in compared}))}, mean over the tuning " \
                 "seeds at the tuning budget; steps clipped over the same runs):\n\n" + tuning_table(compared)
+    private, per_private = privacy_table(compared, _selected)
+    if private:
+        text += "\n" + private
     for c, row in zip(compared, data, strict=True):
         row.update(per_sweep.get(c.name, {}))
+        row.update(per_private.get(c.name, {}))
         row["tuning"] = c.tuning
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

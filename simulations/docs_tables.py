@@ -1,26 +1,35 @@
-"""The tables derived from the method registry, written into the files that show them.
+"""The tables derived from the code and the tools' outputs, written into the files that show them.
 
 * docs/ALGORITHMS.md -- the registered methods: name, class, module, exchanges, own keys, their
   defaults for shared keys, the paper;
-* README.md -- every method's own run-config keys (type, default, meaning);
-* pyproject.toml -- those keys' defaults in ``[tool.flwr.app.config]`` (``flwr run`` accepts
-  only keys listed there).
+* docs/reference/run-config.md -- every run-config key of ``tasks.config.RunConfig`` and every
+  method's own keys (type, default, meaning);
+* README.md -- the results at a glance: the table ``simulations.scaling`` wrote beside the
+  README's figure (``docs/figures/isweep/to-target.md``), as it is;
+* pyproject.toml -- the methods' keys' defaults in ``[tool.flwr.app.config]`` (``flwr run``
+  accepts only keys listed there).
 
 Each sits between ``BEGIN``/``END`` marker lines naming this module. ``python -m
-simulations.docs_tables`` rewrites them; ``--check`` exits 1 naming a stale one (a test runs it).
+simulations.docs_tables`` rewrites them; ``--check`` exits 1 naming a stale one (a test runs it);
+``--method package.module:Class`` prints the lines a method of your own adds to an app's
+``[tool.flwr.app.config]`` (its keys at their defaults: ``flwr run`` takes them then).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from strategies.methods import METHODS, own_keys
+from strategies.methods import METHODS, method, own_keys
+from tasks.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the README's results at a glance: the scaling tool's table of the I-sweep (beside the README's figure)
+README_RESULTS = "docs/figures/isweep/to-target.md"
 
 
 def _value(value: object) -> str:
@@ -38,21 +47,46 @@ def method_table() -> list[str]:
             "|---|---|---|---|---|---|---|"]
     for name, cls in METHODS.items():
         module = cls.__module__.replace(".", "/") + ".py"
-        keys = ", ".join(f"`{k}`" for k in cls.own_keys()) or "--"
+        keys = ", ".join(f"`{k}`" for k in cls.run_config_keys()) or "--"
         shared = ", ".join(f"`{k}` = {_value(v)}" for k, v in cls.shared_defaults.items()) or "--"
         modes = ", ".join(m.value for m in cls.modes)
         rows.append(f"| `{name}` | `{cls.__name__}` | `{module}` | {modes} | {keys} | {shared} | {cls.paper or '--'} |")
     return rows
 
 
+def _cell(text: str) -> str:
+    """Text in a markdown table cell (a ``|`` would end the cell)."""
+    return text.replace("|", "\\|")
+
+
+def _type(f: dataclasses.Field) -> str:
+    typ = f.type if isinstance(f.type, str) else f.type.__name__
+    return {"tuple[float, ...]": "str (numbers, comma separated)"}.get(typ, typ)
+
+
 def keys_table() -> list[str]:
     rows = ["| key | algorithm | type | default | meaning |", "|---|---|---|---|---|"]
     for key, (name, f) in own_keys().items():
-        typ = f.type if isinstance(f.type, str) else f.type.__name__
-        rows.append(f"| `{key}` | `{name}` | {typ} | `{_value(f.default)}` | {f.metadata['doc']} |")
+        rows.append(f"| `{key}` | `{name}` | {_type(f)} | `{_value(f.default)}` | {_cell(f.metadata['doc'])} |")
     if len(rows) == 2:
         rows.append("| (none yet) | | | | |")
     return rows
+
+
+def config_tables() -> list[str]:
+    """Every ``RunConfig`` key (TOML default as ``pyproject.toml`` writes it), then the methods' own keys."""
+    defaults = RunConfig().to_mapping()
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for f in dataclasses.fields(RunConfig):
+        key = f.metadata["key"]
+        if key is not None:
+            rows.append(f"| `{key}` | {_type(f)} | `{_value(defaults[key])}` | {_cell(f.metadata['doc'])} |")
+    return [*rows, "", "Each method's own keys (a key of another method than the run's must keep its default):", "",
+            *keys_table()]
+
+
+def results_table() -> list[str]:
+    return (ROOT / README_RESULTS).read_text().strip("\n").split("\n")
 
 
 def pyproject_block() -> list[str]:
@@ -60,10 +94,19 @@ def pyproject_block() -> list[str]:
             for key, (name, f) in own_keys().items()]
 
 
+def app_config_lines(path: str) -> list[str]:
+    """The lines a method of your own (``package.module:Class``) adds to an app's
+    ``[tool.flwr.app.config]``: its keys, ``<name>.<key>``, at their defaults."""
+    cls = method(path)
+    return [f"{key} = {_value(f.default)}  # algorithm = \"{path}\": {f.metadata['doc']}"
+            for key, f in cls.run_config_keys().items()]
+
+
 #: file -> (marker comment prefix, suffix, the lines)
 TABLES: dict[str, tuple[str, str, Callable[[], list[str]]]] = {
     "docs/ALGORITHMS.md": ("<!-- ", " -->", method_table),
-    "README.md": ("<!-- ", " -->", keys_table),
+    "docs/reference/run-config.md": ("<!-- ", " -->", config_tables),
+    "README.md": ("<!-- ", " -->", results_table),
     "pyproject.toml": ("# ", "", pyproject_block),
 }
 
@@ -91,7 +134,17 @@ def stale(root: Path = ROOT) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m simulations.docs_tables", description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if a table is stale, write nothing")
+    parser.add_argument("--method", metavar="PACKAGE.MODULE:CLASS",
+                        help="print the [tool.flwr.app.config] lines of a method of your own, write nothing")
     args = parser.parse_args(argv)
+    if args.method:
+        try:
+            lines = app_config_lines(args.method)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print("\n".join(lines) if lines else f"# algorithm = \"{args.method}\" has no keys of its own")
+        return 0
     if args.check:
         old = stale()
         for path in old:

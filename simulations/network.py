@@ -1,6 +1,6 @@
 """Time to accuracy under a network model: what a run's rounds would cost on a given link.
 
-A small, documented model (pure functions; docs/EXPERIMENTS.md, "Time to accuracy under a network
+A small, documented model (pure functions; docs/experiments/network-model.md, "Time to accuracy under a network
 model"). Every client has its own link to the server with a downlink bandwidth (server -> client), an
 uplink bandwidth (client -> server) and a one-way latency; the clients of a round compute and
 communicate in parallel, the server's own link and compute are not a bottleneck. One round costs

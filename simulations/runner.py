@@ -4,8 +4,9 @@
     python -m simulations.runner simulations/experiments/digits/*.toml --backend inprocess
     python -m simulations.runner --summarize results/
 
-An experiment file is a flat TOML file of run-config keys (the same keys as
-``[tool.flwr.app.config]``), so it also works as ``flwr run . --run-config FILE.toml``
+An experiment file is a TOML file of run-config keys (the same keys as
+``[tool.flwr.app.config]``; a method's own as ``fedavgm.server-lr = 0.5`` or its table
+``[fedavgm]``), so it also works as ``flwr run . --run-config FILE.toml``
 (flwr 1.42 reads a single ``.toml`` argument as the overrides). For each file the runner:
 
 1. reads and validates it (``RunConfig``; ``--set key=value`` overrides win), makes
@@ -65,7 +66,7 @@ from typing import Any
 import tomllib
 
 from tasks.config import RunConfig
-from tasks.overrides import parse_overrides
+from tasks.overrides import flatten, parse_overrides
 from tasks.runs.results import other_producer, read_results
 from tasks.runs.run_folder import stopped_at
 
@@ -104,17 +105,19 @@ def pinned_threads(threads: int) -> Iterator[None]:
 
 
 def read_experiment(path: str | Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(flat run-config keys, the ``[sweep]`` table or None) of an experiment file."""
+    """(run-config keys, flat: ``<name>.<key>`` for a method's own; the ``[sweep]`` table or None) of an experiment file."""
     path = Path(path)
     data = tomllib.loads(path.read_text())
     sweep = data.pop("sweep", None)
     if sweep is not None and not isinstance(sweep, dict):
         raise ValueError(f"{path}: 'sweep' must be a [sweep] table (simulations/sweep.py), got {sweep!r}")
-    nested = [k for k, v in data.items() if isinstance(v, dict)]
+    nested = [f"{k}.{inner}" for k, v in data.items() if isinstance(v, dict)
+              for inner, w in v.items() if isinstance(w, dict)]
     if nested:
-        raise ValueError(f"{path}: an experiment file is flat run-config keys (and an optional [sweep] table), "
-                         f"found tables {nested}")
-    return data, sweep
+        raise ValueError(f"{path}: an experiment file is flat run-config keys, a method's own keys (its table "
+                         f"[fedavgm], or fedavgm.server-lr = ...) and an optional [sweep] table, found the nested "
+                         f"table(s) {nested}")
+    return flatten(data), sweep  # a method's table as <name>.<key>
 
 
 def load_experiment(path: str | Path, overrides: dict[str, Any] | None = None,

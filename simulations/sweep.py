@@ -34,7 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.config import RunConfig, safe_component
+from strategies.methods import own_keys
+from tasks.config import RunConfig, comparable, safe_component, shared_keys
+from tasks.overrides import flatten
 from tasks.runs.results import read_results
 from tasks.runs.safe_files import write_atomic
 
@@ -128,8 +130,12 @@ def format_value(value: Any) -> str:
 
 
 def parse_sweep(file: Path, base: dict[str, Any], table: dict[str, Any]) -> Sweep:
-    """Check a ``[sweep]`` table against the run-config keys; ``base`` is the file's validated keys."""
-    known = set(RunConfig().to_mapping())
+    """Check a ``[sweep]`` table against the run-config keys; ``base`` is the file's validated keys.
+    A method's own keys are ``<name>.<key>`` here too (``fedavgm.server-lr = [0.5, 1.0]``)."""
+    table = {**flatten({k: v for k, v in table.items() if k != "tune"}),
+             **({"tune": flatten(table["tune"]) if isinstance(table["tune"], dict) else table["tune"]}
+                if "tune" in table else {})}
+    known = {*shared_keys(), *own_keys(), *RunConfig.from_mapping(base).to_mapping()}
     unknown = sorted(k for k in table if k not in known and k not in SWEEP_KEYS)
     if unknown:
         raise ValueError(f"{file}: [sweep] keys {unknown} are neither run-config keys nor {', '.join(SWEEP_KEYS)}")
@@ -179,8 +185,8 @@ def finished(folder: Path, values: dict[str, Any]) -> bool:
     if not results.is_file():
         return False
     header, rows = read_results(results)
-    want = RunConfig.from_mapping(values).to_mapping()
-    have = dict(header.get("config", {}))
+    want = comparable(RunConfig.from_mapping(values).to_mapping())
+    have = comparable(header.get("config", {}))  # a header written before keys were scoped compares too
     ignore = {"resume", "tensorboard"}  # how the run is continued or watched, not what it computes
     diff = sorted(k for k in want if k not in ignore and have.get(k) != want[k])
     if diff:

@@ -4,6 +4,12 @@ The same hyphenated keys drive ``flwr run`` (``[tool.flwr.app.config]`` in pypro
 ``--run-config`` overrides), a deployment, and the fast engine. The run config is parsed
 once, at the edge (ServerApp, ClientApp, engine CLI); every error names the key, the value
 and the allowed range.
+
+A method's own keys are scoped by its name: ``<name>.<key>`` (``fedavgm.server-lr``; in TOML
+``fedavgm.server-lr = 0.5`` or the table ``[fedavgm]``), so two methods may each have a key of
+the same name. The running method reads its own; another method's key must keep its default
+(a run config carries every registered method's keys, as ``flwr run`` passes the app's whole
+config) and is an error naming its owner and the running method otherwise.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import dataclasses
 import difflib
 import math
 import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,11 +27,13 @@ import tomllib
 
 from strategies.core.dp_noise import BUFFER_CHOICES, DPSettings
 from strategies.core.settings import DEFAULTS, Hyper
-from strategies.methods import METHODS, method, own_keys
+from strategies.methods import METHODS, NAME, method, own_keys
 from strategies.methods.privacy import method_problems
 
+from .overrides import flatten
+
 TASKS = ("digits", "cifar10", "ptb", "wikitext2", "shakespeare")
-#: ``package.module:factory`` -- a task of your own (``tasks.custom``, README "Bring your own task")
+#: ``package.module:factory`` -- a task of your own (``tasks.custom``, docs/tutorials/own-task.md)
 TASK_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 #: the methods (``strategies.methods``: one module each) when this module was imported
 ALGORITHMS = tuple(METHODS)
@@ -40,7 +49,7 @@ DEFAULT_CLIENTS = 8
 
 
 def _key(name: str, doc: str, **kw: Any) -> Any:
-    """A config field with its TOML key and one-line meaning (shown in the README)."""
+    """A config field with its TOML key and one-line meaning (docs/reference/run-config.md shows it)."""
     return field(metadata={"key": name, "doc": doc}, **kw)
 
 
@@ -93,16 +102,18 @@ class RunConfig:
     average_iterates: bool = _key("average-iterates", "evaluate the running mean of the global models once valid-loss stops improving (nonmono evaluations)", default=False)
     nonmono: int = _key("nonmono", "evaluations without a new best valid-loss before average-iterates starts", default=5)
     eval_train: bool = _key("eval-train", "also evaluate the global model on the whole training set at each evaluation (train-eval-*)", default=False)
-    node_aggregation: bool = _key("node-aggregation", "a SuperNode serving several clients replies with their sum (one model's bytes, in float32 or the transport dtype) instead of each client's model: the reply checks see the node's average; needs uniform or examples aggregation, no DP, a method that only averages (celgc, local-sgd, naive, fedprox, fedavgm); the model equals the engine's up to the order of the float64 sum", default=False)
+    node_aggregation: bool = _key("node-aggregation", f"a SuperNode serving several clients replies with their sum (one model's bytes, in float32 or the transport dtype) instead of each client's model: the reply checks see the node's average; needs uniform or examples aggregation, no DP, a method that only averages ({', '.join(n for n, m in METHODS.items() if m.node_sums)}); the model equals the engine's up to the order of the float64 sum", default=False)
     transport: str = _key("transport", "how the model's trainable parameters travel in this project's Flower messages: float32 (exact), or bfloat16 / float16 (half the bytes, lossy: the global model rounded, replies the rounded difference from it; the engine sends nothing and stays exact)", default="float32")
     valid_fraction: float = _key("valid-fraction", "share of each client's training data held out (seeded) as the validation set: valid-loss, valid-accuracy; 0: none", default=0.0)
-    #: the methods' own settings (``Algorithm.Settings``): (TOML key, value) for every registered method's keys
+    #: the running method's own settings (``Algorithm.Settings``): (its key, value), every one of its keys; in
+    #: the run config they are ``<its name>.<key>``
     options: tuple[tuple[str, Any], ...] = field(default=(), metadata={"key": None, "doc": ""})
     eval_subsample: int = _key("eval-subsample", "evaluate on every k-th test example (1: all; cuts evaluation time on a CPU)", default=1)
     dp_noise_multiplier: float = _key("dp-noise-multiplier", "z, client-level DP: N(0, z^2 S^2) added once to the sum of a round's updates (S: the method's bound, or dp-clip); 0: no DP", default=0.0)
-    dp_clip: float = _key("dp-clip", "C, update clipping of a DP run (DP-FedAvg): the sensitivity S for a method without a per-client bound (local-sgd, naive, momentum > 0); 0: the method's own bound (CELGC: I gamma x the largest lr scale)", default=0.0)
+    dp_clip: float = _key("dp-clip", "C, update clipping of a DP run (DP-FedAvg): the sensitivity S, each contribution projected to norm <= C; needed without a per-client bound (local-sgd, naive, momentum > 0), a tighter S than CELGC's bound; 0: the method's own bound (CELGC: I gamma x the largest lr scale)", default=0.0)
     dp_delta: float = _key("dp-delta", "delta of the (epsilon, delta) reported; 0: 1/num-clients^1.1", default=0.0)
     dp_max_epsilon: float = _key("dp-max-epsilon", "the run stops (results and checkpoint kept) before a round would spend more epsilon; 0: no limit", default=0.0)
+    dp_accountant: str = _key("dp-accountant", "epsilon of a DP run by rdp (Renyi DP) or pld (privacy loss distribution: tighter for the same run), both dp-accounting, K of M without replacement, replace-one", default="rdp")
     dp_buffers: str = _key("dp-buffers", "a DP run with a model holding buffers (BatchNorm statistics: data, no bound): refuse, or frozen (kept at their initial values)", default="refuse")
     dp_reproducible: bool = _key("dp-reproducible", "noise and client sample from the public seed (tests, backend parity): the run is marked NOT private", default=False)
 
@@ -112,35 +123,39 @@ class RunConfig:
 
     # --- construction ---------------------------------------------------------------
     @classmethod
-    def from_mapping(cls, values: dict[str, Any]) -> RunConfig:
-        """Parse run-config keys (hyphenated, as in TOML); unknown keys are errors."""
+    def from_mapping(cls, values: Mapping[str, Any], *, declared: Collection[str] = ()) -> RunConfig:
+        """Parse run-config keys (hyphenated, as in TOML; a method's own keys ``<name>.<key>``, or
+        nested tables of them); unknown keys are errors. ``declared``: keys the app's config lists
+        (``[tool.flwr.app.config]``), where a table of a method this process does not know -- yours,
+        not running -- is left unread instead of refused (``from_app``)."""
+        values = flatten(values)
         fields = {f.metadata["key"]: f for f in dataclasses.fields(cls) if f.metadata["key"] is not None}
-        own = own_keys()
-        try:  # a method of your own (import path) brings its keys
-            own.update({k: ("", f) for k, f in method(values.get("algorithm", "celgc")).own_keys().items() if k not in own})
-        except (ValueError, TypeError):
-            pass  # refused by the validation, naming the known methods
-        unknown = sorted(set(values) - set(fields) - set(own))
-        if unknown:
-            known = [*fields, *own]
-            close = {k: m[0] for k in unknown if (m := difflib.get_close_matches(k, known, n=1, cutoff=0.7))}
-            hint = "".join(f" (did you mean {m!r} for {k!r}?)" for k, m in close.items())
-            raise ValueError(f"unknown config key(s) {unknown}{hint}; known keys: {', '.join(known)}")
         kwargs: dict[str, Any] = {fields[k].name: _coerce(k, fields[k].type, v) for k, v in values.items() if k in fields}
-        kwargs["options"] = tuple((k, v) for k, v in values.items() if k in own)
+        algorithm = kwargs.get("algorithm", fields["algorithm"].default)
+        chosen = method(algorithm)  # first: its keys mean nothing without it (an error naming the methods, or the path's fault)
+        rest = {k: v for k, v in values.items() if k not in fields}
+        kwargs["options"] = tuple(_own_settings(rest, algorithm, chosen, list(fields), set(declared)).items())
         return cls(**kwargs)
 
     @classmethod
+    def from_app(cls, values: Mapping[str, Any]) -> RunConfig:
+        """The run config Flower hands an app (``Context.run_config``): every key is one the app's
+        config lists (Flower refuses any other), so a table of a method of yours that is not the
+        running one stays unread there."""
+        return cls.from_mapping(values, declared=values)
+
+    @classmethod
     def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
-        """Read ``[tool.flwr.app.config]`` of a pyproject.toml (or a flat override file)."""
-        return cls.from_mapping(toml_values(path, overrides))
+        """Read ``[tool.flwr.app.config]`` of a pyproject.toml (or a file of run-config keys), ``overrides`` winning."""
+        values, app = _toml_keys(path)
+        return cls.from_mapping({**values, **flatten(overrides or {})}, declared=values if app else ())
 
     def to_mapping(self) -> dict[str, Any]:
         """The config as run-config keys and TOML-friendly values (logged with results)."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             if f.metadata["key"] is None:
-                out.update(self.options)
+                out.update({f"{method(self.algorithm).name}.{k}": v for k, v in self.options})
                 continue
             value = getattr(self, f.name)
             if f.name == "lr_milestones":
@@ -190,15 +205,15 @@ class RunConfig:
 
     @property
     def method_options(self) -> dict[str, Any]:
-        """The chosen method's own settings (TOML key -> value)."""
-        mine = method(self.algorithm).own_keys()
-        return {k: v for k, v in self.options if k in mine}
+        """The running method's own settings (its key, unscoped -> value)."""
+        return dict(self.options)
 
     @property
     def dp(self) -> DPSettings:
         """The DP keys (``strategies.core.dp_noise``, the mechanism ``strategies.methods.privacy``)."""
         return DPSettings(noise_multiplier=self.dp_noise_multiplier, clip=self.dp_clip, delta=self.dp_delta,
-                          max_epsilon=self.dp_max_epsilon, buffers=self.dp_buffers, reproducible=self.dp_reproducible)
+                          max_epsilon=self.dp_max_epsilon, accountant=self.dp_accountant, buffers=self.dp_buffers,
+                          reproducible=self.dp_reproducible)
 
     @property
     def hyper(self) -> Hyper:
@@ -207,10 +222,16 @@ class RunConfig:
 
 
 def toml_values(path: str | Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The run-config keys of ``[tool.flwr.app.config]`` of a pyproject.toml (or a flat file), overridden."""
+    """The run-config keys of ``[tool.flwr.app.config]`` of a pyproject.toml (or a file of run-config
+    keys), flattened (``<name>.<key>``), ``overrides`` winning: what ``RunConfig.from_toml`` parses."""
+    return {**_toml_keys(path)[0], **flatten(overrides or {})}
+
+
+def _toml_keys(path: str | Path) -> tuple[dict[str, Any], bool]:
+    """A TOML file's run-config keys, flattened, and whether they are an app's ``[tool.flwr.app.config]``."""
     data = tomllib.loads(Path(path).read_text())
-    values = data.get("tool", {}).get("flwr", {}).get("app", {}).get("config", data)
-    return {**values, **(overrides or {})}
+    app = data.get("tool", {}).get("flwr", {}).get("app", {}).get("config")
+    return flatten(app if app is not None else data), app is not None
 
 
 def task_label(task: str) -> str:
@@ -219,22 +240,112 @@ def task_label(task: str) -> str:
 
 
 def config_keys() -> list[tuple[str, Any, str]]:
-    """(key, default, meaning) of every setting, in order (the methods' own keys where ``options`` sits)."""
+    """(key, default, meaning) of every setting, in order: the shared keys, then every registered
+    method's own (``<name>.<key>``) where ``options`` sits."""
     defaults = RunConfig().to_mapping()
-    own = own_keys()
     out = []
     for f in dataclasses.fields(RunConfig):
         if f.metadata["key"] is None:
-            out += [(k, defaults[k], f"algorithm {name!r}: {fld.metadata['doc']}") for k, (name, fld) in own.items()]
+            out += [(k, fld.default, f"algorithm {name!r}: {fld.metadata['doc']}") for k, (name, fld) in own_keys().items()]
         else:
             out.append((f.metadata["key"], defaults[f.metadata["key"]], f.metadata["doc"]))
     return out
 
 
+def shared_keys() -> list[str]:
+    """The run-config keys every method reads (not a method's own)."""
+    return [f.metadata["key"] for f in dataclasses.fields(RunConfig) if f.metadata["key"] is not None]
+
+
+def comparable(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded run config (a results header's, a checkpoint's) in today's keys, to compare two
+    runs: the running method's own keys scoped (records written before keys were scoped hold them
+    bare: ``server-momentum``), other methods' keys left out (at their defaults, read by no run)."""
+    values = flatten(config)
+    algorithm = values.get("algorithm", RunConfig.algorithm)
+    try:
+        chosen = method(algorithm)
+    except (ValueError, TypeError):
+        chosen = None
+    shared = set(shared_keys())
+    methods = {**METHODS, **({chosen.name: chosen} if chosen is not None else {})}
+    bare = {k for cls in methods.values() for k in cls.own_keys()} - shared
+    out = {}
+    for key, value in values.items():
+        scope, dot, _ = key.partition(".")
+        if not dot and key in bare:
+            if chosen is not None and key in chosen.own_keys():
+                out[f"{chosen.name}.{key}"] = value
+        elif not (dot and scope in methods and (chosen is None or scope != chosen.name)):
+            out[key] = value
+    return out
+
+
+def _own_settings(values: dict[str, Any], algorithm: str, chosen: Any, shared: list[str],
+                  declared: set[str]) -> dict[str, Any]:
+    """The running method's own settings (its keys, unscoped) from the run config's keys beyond the
+    shared ones. Each must be ``<method>.<key>`` of a method known here: a registered one or the
+    running one (a method of yours that is not running: left unread where the app's config
+    declares it, ``declared``). Another method's key must keep its default: it is never read, so a
+    value set there would be lost."""
+    methods = dict(METHODS)
+    if chosen is not None:
+        methods.setdefault(chosen.name, chosen)
+    tables: dict[str, dict[str, Any]] = {}
+    unknown = []
+    for key, value in values.items():
+        scope, dot, own = key.partition(".")
+        if dot and scope in methods:
+            tables.setdefault(scope, {})[own] = value
+        elif not (dot and key in declared):
+            unknown.append(key)
+    if unknown:
+        raise ValueError(_unknown_keys(sorted(unknown), shared, methods, algorithm, chosen))
+    for name, given in tables.items():
+        cls = methods[name]
+        common = [k for k in given if k in shared and k not in cls.own_keys()]
+        if common:
+            raise ValueError(f"{', '.join(f'{name}.{k}' for k in common)}: {', '.join(common)} is a key every method "
+                             f"reads, written without a method's name ({common[0]} = ...); the own keys of algorithm "
+                             f"{name!r}: {', '.join(cls.run_config_keys()) or 'none'}")
+        parsed = cls.parse_options(given, prefix=f"{name}.")  # its own checks: unknown keys, bad values
+        if cls is chosen:
+            continue
+        for key, f in cls.own_keys().items():
+            if key in given and getattr(parsed, f.name) != f.default:
+                mine = f"; the running method's own is {chosen.name}.{key}" if chosen and key in chosen.own_keys() else ""
+                raise ValueError(f"{name}.{key} = {given[key]!r} is a setting of algorithm {name!r}, not of the running "
+                                 f"algorithm {algorithm!r} (set algorithm = \"{name}\", or leave {name}.{key} at its "
+                                 f"default {f.default!r}{mine})")
+    return tables.get(chosen.name, {}) if chosen is not None else {}
+
+
+def _unknown_keys(unknown: list[str], shared: list[str], methods: dict[str, Any], algorithm: str, chosen: Any) -> str:
+    """The error for keys that are neither shared nor a known method's own, with what was likely meant."""
+    scoped = [k for cls in methods.values() for k in cls.run_config_keys()]
+    hints = []
+    for key in unknown:
+        scope, dot, own = key.partition(".")
+        owners = [f"{name}.{key}" for name, cls in methods.items() if key in cls.own_keys()]
+        if not dot and owners:
+            mine = (f"the running algorithm {algorithm!r} reads {chosen.name}.{key}" if chosen and key in chosen.own_keys()
+                    else f"the running algorithm {algorithm!r} has no key {key!r}")
+            hints.append(f"{key!r} is a method's own key, written under the method's name: {', '.join(owners)} ({mine})")
+        elif dot and NAME.fullmatch(scope) and scope not in methods:
+            close = difflib.get_close_matches(scope, list(methods), n=1, cutoff=0.6)
+            hints.append(f"{key!r}: no method named {scope!r} here" + (f" (did you mean {close[0]!r}?)" if close else "")
+                         + f"; a method's own keys are <name>.<key> of {', '.join(methods)}")
+        else:
+            close = difflib.get_close_matches(key, [*shared, *scoped], n=1, cutoff=0.7)
+            if close:
+                hints.append(f"did you mean {close[0]!r} for {key!r}?")
+    return (f"unknown config key(s) {unknown}{''.join(f' ({h})' for h in hints)}; known keys: "
+            f"{', '.join([*shared, *scoped])} (README, Configuration)")
+
+
 def _complete(c: RunConfig) -> None:
     """The chosen method's defaults for shared keys left at the shared default (SCAFFOLD: clip
-    off), and every method's own settings completed with their defaults and checked; a setting
-    of another method than the chosen one must keep its default."""
+    off), and its own settings completed with their defaults and checked."""
     try:
         chosen = method(c.algorithm)
     except (ValueError, TypeError):
@@ -243,29 +354,16 @@ def _complete(c: RunConfig) -> None:
     for f in dataclasses.fields(Hyper):
         if getattr(c, f.name) != getattr(hyper, f.name):
             object.__setattr__(c, f.name, getattr(hyper, f.name))
-    given = dict(c.options)
-    values: list[tuple[str, Any]] = []
-    methods = dict(METHODS)
-    methods.setdefault(chosen.name, chosen)  # a method of your own
-    for name, cls in methods.items():
-        keys = cls.own_keys()
-        parsed = cls.parse_options({k: v for k, v in given.items() if k in keys})
-        for key, fld in keys.items():
-            value = getattr(parsed, fld.name)
-            if cls is not chosen and value != fld.default:
-                raise ValueError(f"{key} is a setting of algorithm {name!r}, not of {c.algorithm!r} (set algorithm = "
-                                 f"\"{name}\" or leave {key} at {fld.default!r})")
-            values.append((key, value))
-    object.__setattr__(c, "options", tuple(values))
+    parsed = chosen.parse_options(dict(c.options), prefix=f"{chosen.name}.")
+    object.__setattr__(c, "options", tuple((k, getattr(parsed, f.name)) for k, f in chosen.own_keys().items()))
 
 
-def shared_default_notes(values: dict[str, Any], explicit: Any = None) -> list[str]:
+def shared_default_notes(cfg: RunConfig, values: Mapping[str, Any], explicit: Collection[str] | None = None) -> list[str]:
     """One line for each shared key whose value the chosen method's own default replaced (``Algorithm.
-    shared_defaults``: ``algorithm = "scaffold"`` with ``clip = 0.3`` runs unclipped). ``values``: the run
-    config's keys; ``explicit``: the keys the user set (the engine's overrides): only those are named, as
-    set explicitly. None: not known (a ServerApp gets every key, defaults included): every replacement
-    is named, said to be set or left at the shared default."""
-    cfg = RunConfig.from_mapping(dict(values))
+    shared_defaults``: ``algorithm = "scaffold"`` with ``clip = 0.3`` runs unclipped). ``cfg``: the run
+    config parsed from ``values``, its keys; ``explicit``: the keys the user set (the engine's overrides):
+    only those are named, as set explicitly. None: not known (a ServerApp gets every key, defaults
+    included): every replacement is named, said to be set or left at the shared default."""
     fields = {f.metadata["key"]: f for f in dataclasses.fields(RunConfig) if f.metadata["key"] is not None}
     notes = []
     for key in method(cfg.algorithm).shared_defaults:
@@ -344,7 +442,8 @@ def node_aggregation_problem(c: RunConfig) -> str | None:
     if c.dp.enabled:
         return "needs dp-noise-multiplier = 0: a DP round needs every client's own update"
     if not method(c.algorithm).node_sums:
-        return (f"needs a method whose server only averages the replies (celgc, local-sgd, naive, fedprox, fedavgm), "
+        return (f"needs a method whose server only averages the replies "
+                f"({', '.join(n for n, m in METHODS.items() if m.node_sums)}), "
                 f"got algorithm {c.algorithm!r}")
     return None
 
@@ -358,7 +457,10 @@ def _validate(c: RunConfig) -> None:
 
     _check(c.task in TASKS or TASK_PATH.fullmatch(c.task) is not None,
            f"task must be one of {', '.join(TASKS)} or an import path \"package.module:factory\", got {c.task!r}")
-    method(c.algorithm)  # a registered method or an import path that gives one; else an error naming them
+    name = method(c.algorithm).name  # a registered method or an import path that gives one; else an error naming them
+    _check(name not in shared_keys() and name != "sweep" and not name.startswith("engine-"),
+           f"algorithm {c.algorithm!r} is named {name!r}, which scopes its own keys ({name}.<key>) and so may not be a "
+           "run-config key, 'sweep' (an experiment file's table) or start with 'engine-' (the engine's keys)")
     one_of("partitioner", c.partitioner, PARTITIONERS)
     one_of("device", c.device, DEVICES)
     one_of("client-state", c.client_state, CLIENT_STATES)

@@ -3,7 +3,9 @@
 1,797 grey 8x8 images of 10 digits; a fixed stratified split (seed 0, independent of the
 run seed, so every run evaluates on the same 360 images) into 1,437 training and 360 test
 images, pixels scaled to [0, 1] and standardised with the training mean/std. The model is
-a small CNN with BatchNorm (so averaging of buffers is exercised), ~27k parameters.
+a small CNN with BatchNorm (so averaging of buffers is exercised), ~27k parameters;
+``task = "tasks.digits:digits_groupnorm_task"`` is the same data with GroupNorm in its place
+(no buffers: what a differentially private run can release whole, at any batch size).
 """
 
 from __future__ import annotations
@@ -30,6 +32,24 @@ class DigitsCNN(nn.Module):
         self.features = nn.Sequential(
             nn.Conv2d(1, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
             nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(32 * 4 * 4, 48), nn.ReLU(), nn.Linear(48, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+class DigitsGroupNormCNN(nn.Module):
+    """DigitsCNN with GroupNorm (4 channels a group) in place of BatchNorm: the same parameters and no
+    buffers, so a DP run has nothing to freeze (docs/tutorials/differential-privacy.md), and a client of one
+    image normalises in training exactly as at test time."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1, bias=False), nn.GroupNorm(4, 16), nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.GroupNorm(8, 32), nn.ReLU(),
             nn.MaxPool2d(2),
         )
         self.head = nn.Sequential(nn.Flatten(), nn.Linear(32 * 4 * 4, 48), nn.ReLU(), nn.Linear(48, num_classes))
@@ -99,4 +119,13 @@ def digits_task() -> ClassificationTask:
     return ClassificationTask(
         name="digits", train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y,
         num_classes=10, build_model=DigitsCNN,
+    )
+
+
+def digits_groupnorm_task(cfg: object = None) -> ClassificationTask:
+    """The digits task with ``DigitsGroupNormCNN`` (``task = "tasks.digits:digits_groupnorm_task"``)."""
+    train_x, train_y, test_x, test_y = _load()
+    return ClassificationTask(
+        name="digits-groupnorm", train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y,
+        num_classes=10, build_model=DigitsGroupNormCNN,
     )

@@ -4,8 +4,8 @@ A task couples a data set with a model. The ``task`` config key names one: a bui
 (``digits``, ``cifar10``, ``ptb``, ``wikitext2``, ``shakespeare``) or your own,
 ``"package.module:factory"``.
 
-Your own task (README "Bring your own task"; ``examples/own_task/`` is a complete one)
-----------------------------------------------------------------------------------------
+Your own task (docs/tutorials/own-task.md; ``examples/own_task/`` is a complete one)
+----------------------------------------------------------------------------------
 ``factory`` is any callable reachable as ``module.attribute[.attribute...]``; every process
 that needs the task (the ServerApp, each ClientApp, each engine rank) imports ``module``
 and calls ``factory(cfg)`` with the run's validated ``tasks.config.RunConfig`` -- what the

@@ -73,7 +73,7 @@ def case(name: str, **more) -> dict:
 
 
 def own_key_of(name: str) -> str | None:
-    return next(iter(method(name).own_keys()), None)
+    return next(iter(method(name).run_config_keys()), None)
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -149,11 +149,13 @@ cfg = RunConfig.from_mapping({"num-clients": 4, "clients-per-round": 2, "num-rou
                               "dp-reproducible": sys.argv[2] == "seeded"})
 world = init_world("cpu")
 engine = Engine(cfg, EngineOptions(path="sequential"), world)
-samples = []
+samples, norms = [], []
 for server_round in (1, 2):
-    engine.train_round(server_round)
+    report = engine.train_round(server_round)
     samples.append(engine.privacy.participants(server_round))
-torch.save({"state": {k: v.cpu() for k, v in engine.state.items()}, "samples": samples}, f"{sys.argv[1]}.{world.rank}")
+    norms.append({k: v for k, v in report.metrics.items() if k.startswith("dp-update-norm") or k.startswith("dp-proj")})
+torch.save({"state": {k: v.cpu() for k, v in engine.state.items()}, "samples": samples, "norms": norms},
+           f"{sys.argv[1]}.{world.rank}")
 close_world(world)
 """
 
@@ -161,7 +163,8 @@ close_world(world)
 @pytest.mark.realproc
 def test_dp_rounds_on_two_gloo_processes(tmp_path):
     """A DP run on 2 processes: process 0 adds the noise once and draws the secure sample, which both then
-    hold (the same clients, the same model); in reproducible mode 2 processes == 1."""
+    hold (the same clients, the same model, the same update norms gathered from both); in reproducible mode
+    2 processes == 1."""
     script = tmp_path / "dp_world.py"
     script.write_text(DP_WORLD)
     for mode in ("secure", "seeded"):
@@ -170,7 +173,10 @@ def test_dp_rounds_on_two_gloo_processes(tmp_path):
         zero, one = torch.load(tmp_path / f"{mode}-two.0"), torch.load(tmp_path / f"{mode}-two.1")
         assert zero["samples"] == one["samples"] and all(len(s) == 2 for s in zero["samples"])
         assert all(torch.equal(zero["state"][k], one["state"][k]) for k in zero["state"])
+        assert zero["norms"] == one["norms"] and all(len(n) == 5 for n in zero["norms"])
     run([sys.executable, str(script), str(tmp_path / "seeded-one"), "seeded"])
     single, two = torch.load(tmp_path / "seeded-one.0"), torch.load(tmp_path / "seeded-two.0")
     assert single["samples"] == two["samples"]
     assert_close(two["state"], single["state"], 1e-6)
+    for one_process, two_processes in zip(single["norms"], two["norms"], strict=True):
+        assert one_process == pytest.approx(two_processes, rel=1e-9), (one_process, two_processes)

@@ -1,8 +1,8 @@
-"""The example app (examples/quickstart-celgc) and the README's "own Flower app" snippet.
+"""The example app (examples/quickstart-celgc) and the "own Flower app" tutorial's code.
 
-The README shows the example's client.py and server.py; these tests run the README's code
-as written (in this process, on the loopback grid) and the example with a real `flwr run`
-under Flower's default federation.
+docs/tutorials/flower-app.md shows the example's client.py and server.py; these tests run the
+page's code as written (in this process, on the loopback grid) and the example with a real
+`flwr run` under Flower's default federation.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from docs_support import blocks
 
 from simulations.loopback import LoopbackGrid, run_server_app
 
@@ -26,10 +27,12 @@ CONFIG = {"num-server-rounds": 10, "local-steps": 8, "batch-size": 32, "lr": 1.0
 
 
 def readme_blocks() -> dict[str, str]:
-    """README code blocks whose first line names an example file -> their code."""
-    text = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n# (examples/[^\n]+)\n(.*?)```", text, flags=re.S)
-    return {name: code for name, code in blocks}
+    """The tutorial's Python blocks that include an example file (``--8<-- "examples/..."``) -> their code."""
+    page = ROOT / "docs" / "tutorials" / "flower-app.md"
+    names = re.findall(r'```python\n--8<-- "(examples/[^"]+)"\n```', page.read_text())
+    shown = [b.code for b in blocks(page) if b.lang == "python"]
+    assert len(names) == len(shown)
+    return dict(zip(names, shown))
 
 
 @contextmanager
@@ -63,7 +66,7 @@ def test_readme_shows_the_example_files_as_they_are():
     blocks = readme_blocks()
     assert set(blocks) == {"examples/quickstart-celgc/client.py", "examples/quickstart-celgc/server.py"}
     for name, code in blocks.items():
-        assert code == (ROOT / name).read_text(), f"README block {name} differs from the file"
+        assert code == (ROOT / name).read_text(), f"the tutorial's block {name} differs from the file"
 
 
 def test_readme_snippet_runs_as_written(tmp_path):

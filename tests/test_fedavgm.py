@@ -15,9 +15,9 @@ from tasks import load_task
 from tasks.config import RunConfig
 from tasks.sampling import round_batches
 
-CASE = {"algorithm": "fedavgm", "server-momentum": 0.7, "server-lr": 1.2, "num-clients": 4, "clients-per-round": 3,
-        "num-rounds": 3, "local-steps": 2, "batch-size": 8, "lr": 0.2, "partitioner": "dirichlet",
-        "dirichlet-alpha": 0.3}
+CASE = {"algorithm": "fedavgm", "fedavgm.server-momentum": 0.7, "fedavgm.server-lr": 1.2, "num-clients": 4,
+        "clients-per-round": 3, "num-rounds": 3, "local-steps": 2, "batch-size": 8, "lr": 0.2,
+        "partitioner": "dirichlet", "dirichlet-alpha": 0.3}
 
 
 def reference(values):
@@ -29,7 +29,7 @@ def reference(values):
     names = [k for k, _ in model.named_parameters()]
     w = [p.detach().clone() for p in model.parameters()]
     v = [torch.zeros_like(t) for t in w]
-    beta, eta = values["server-momentum"], values["server-lr"]
+    beta, eta = values["fedavgm.server-momentum"], values["fedavgm.server-lr"]
 
     def gradient(y, idx):
         for p, t in zip(model.parameters(), y, strict=True):
@@ -67,9 +67,9 @@ def test_engine_equals_flower_path(runs, mlp_digits):
 
 
 def test_no_momentum_is_fedavg(runs, mlp_digits):
-    plain = runs.engine("m", "sequential", **{**CASE, "server-momentum": 0.0, "server-lr": 1.0})
-    fedavg = runs.engine("f", "sequential", **{**CASE, "algorithm": "local-sgd", "server-momentum": 0.9,
-                                               "server-lr": 1.0})
+    plain = runs.engine("m", "sequential", **{**CASE, "fedavgm.server-momentum": 0.0, "fedavgm.server-lr": 1.0})
+    fedavg = runs.engine("f", "sequential", **{**CASE, "algorithm": "local-sgd", "fedavgm.server-momentum": 0.9,
+                                               "fedavgm.server-lr": 1.0})
     for k, v in fedavg[0].items():
         assert torch.allclose(plain[0][k], v, atol=1e-6, rtol=0), k
 
@@ -83,9 +83,13 @@ def test_resume_equals_uninterrupted(runs, mlp_digits):
 
 
 @pytest.mark.parametrize("values, message", [
-    ({"algorithm": "fedavgm", "server-momentum": 1.0}, r"server-momentum must be in \[0, 1\), got 1.0"),
-    ({"algorithm": "fedavgm", "server-lr": 0}, r"server-lr must be a finite number > 0, got 0.0"),
-    ({"algorithm": "celgc", "server-lr": 2.0}, r"server-lr is a setting of algorithm 'fedavgm', not of 'celgc'"),
+    ({"algorithm": "fedavgm", "fedavgm.server-momentum": 1.0}, r"fedavgm.server-momentum must be in \[0, 1\), got 1.0"),
+    ({"algorithm": "fedavgm", "fedavgm.server-lr": 0}, r"fedavgm.server-lr must be a finite number > 0, got 0.0"),
+    ({"algorithm": "celgc", "fedavgm.server-lr": 2.0},
+     r"fedavgm.server-lr = 2.0 is a setting of algorithm 'fedavgm', not of the running algorithm 'celgc'"),
+    ({"algorithm": "fedavgm", "server-lr": 2.0}, r"'server-lr' is a method's own key, written under the method's name: "
+                                                 r".*fedavgm.server-lr.* \(the running algorithm 'fedavgm' reads "
+                                                 r"fedavgm.server-lr\)"),
 ])
 def test_its_keys_are_checked(values, message):
     with pytest.raises(ValueError, match=message):

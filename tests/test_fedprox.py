@@ -15,7 +15,7 @@ from tasks import load_task
 from tasks.config import RunConfig
 from tasks.sampling import round_batches
 
-CASE = {"algorithm": "fedprox", "proximal-mu": 0.5, "num-clients": 4, "clients-per-round": 3, "num-rounds": 3,
+CASE = {"algorithm": "fedprox", "fedprox.proximal-mu": 0.5, "num-clients": 4, "clients-per-round": 3, "num-rounds": 3,
         "local-steps": 3, "batch-size": 8, "lr": 0.2, "partitioner": "dirichlet", "dirichlet-alpha": 0.3}
 
 
@@ -27,7 +27,7 @@ def reference(values):
     model = initial_model(task, cfg.seed)
     names = [k for k, _ in model.named_parameters()]
     w = [p.detach().clone() for p in model.parameters()]
-    mu, lr = values["proximal-mu"], cfg.lr
+    mu, lr = values["fedprox.proximal-mu"], cfg.lr
 
     def proximal_gradient(y, start, idx):
         for p, v in zip(model.parameters(), y, strict=True):
@@ -59,8 +59,8 @@ def test_flower_path_equals_the_papers_algorithm(runs, mlp_digits):
 
 
 def test_the_proximal_term_pulls_towards_the_global_model(runs, mlp_digits):
-    far = reference(runs.values("a", **{**CASE, "proximal-mu": 0.0}))
-    near = reference(runs.values("b", **{**CASE, "proximal-mu": 5.0}))
+    far = reference(runs.values("a", **{**CASE, "fedprox.proximal-mu": 0.0}))
+    near = reference(runs.values("b", **{**CASE, "fedprox.proximal-mu": 5.0}))
     start = {k: v for k, v in initial_model(load_task(RunConfig.from_mapping(runs.values("c", **CASE))), 0)
              .state_dict().items() if k in far}
     moved = lambda s: sum(float((s[k] - start[k]).norm() ** 2) for k in s) ** 0.5  # noqa: E731
@@ -74,16 +74,18 @@ def test_engine_equals_flower_path(runs, mlp_digits):
 
 
 def test_zero_mu_is_local_sgd(runs, mlp_digits):
-    local = {**CASE, "algorithm": "local-sgd", "proximal-mu": 0.0}
-    prox, sgd = runs.engine("prox", "sequential", **{**CASE, "proximal-mu": 0.0}), runs.engine("sgd", "sequential", **local)
+    local = {**CASE, "algorithm": "local-sgd", "fedprox.proximal-mu": 0.0}
+    prox = runs.engine("prox", "sequential", **{**CASE, "fedprox.proximal-mu": 0.0})
+    sgd = runs.engine("sgd", "sequential", **local)
     for k, v in sgd[0].items():
         assert torch.equal(prox[0][k], v), k
 
 
 @pytest.mark.parametrize("values, message", [
-    ({"algorithm": "fedprox", "proximal-mu": -0.1}, r"proximal-mu must be a finite number >= 0, got -0.1"),
-    ({"algorithm": "celgc", "proximal-mu": 0.1}, r"proximal-mu is a setting of algorithm 'fedprox', not of 'celgc'"),
-    ({"algorithm": "fedprox", "proximal-m": 0.1}, r"did you mean 'proximal-mu' for 'proximal-m'\?"),
+    ({"algorithm": "fedprox", "fedprox.proximal-mu": -0.1}, r"fedprox.proximal-mu must be a finite number >= 0, got -0.1"),
+    ({"algorithm": "celgc", "fedprox.proximal-mu": 0.1},
+     r"fedprox.proximal-mu = 0.1 is a setting of algorithm 'fedprox', not of the running algorithm 'celgc'"),
+    ({"algorithm": "fedprox", "fedprox.proximal-m": 0.1}, r"did you mean 'fedprox.proximal-mu' for 'fedprox.proximal-m'\?"),
 ])
 def test_its_key_is_checked(values, message):
     with pytest.raises(ValueError, match=message):

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from server.memory import CLIENT_MODEL, REPLY, SERVER_MODEL, MemoryPlanError, check, needs
+from server.memory import (CLIENT_MODEL, LINK_DOWN, LINK_UP, NODE_COPIES, REPLY, SERVER_MODEL, MemoryPlanError,
+                           check, needs)
 from simulations.loopback import run_in_process
 from tasks.host import available_memory, host_id, parse_bytes
 
@@ -18,8 +19,8 @@ def test_needs_by_hand():
     plan = {n.process: n.bytes for n in needs(100 * MB, {1: 4, 2: 4}, node_sums=False, transport="float32",
                                                server_host=7, node_host={1: 7, 2: 7})}
     assert plan["ServerApp"] == SERVER_MODEL * 100 * MB + REPLY * 800 * MB  # 8 client models held
-    assert plan["SuperLink"] == 100 * MB + 2 * 800 * MB
-    assert plan["SuperNode 1"] == 2 * (100 + 400) * MB
+    assert plan["SuperLink"] == LINK_DOWN * 2 * 100 * MB + LINK_UP * 800 * MB  # the model down to 2 nodes, 8 up
+    assert plan["SuperNode 1"] == NODE_COPIES * (100 + 400) * MB + 100 * MB
     assert plan["ClientApp 2"] == CLIENT_MODEL * 4 * 100 * MB + 2 * (100 + 400) * MB
 
 
@@ -27,8 +28,8 @@ def test_node_sums_and_a_lossy_transport_shrink_the_replies():
     summed = {n.process: n.bytes for n in needs(100 * MB, {1: 4, 2: 4}, node_sums=True, transport="bfloat16",
                                                  server_host=None, node_host={})}
     assert summed["ServerApp"] == SERVER_MODEL * 100 * MB + REPLY * 200 * MB  # one sum a node
-    assert summed["SuperLink"] == 50 * MB + 2 * (50 + 50) * MB  # half the bytes on the wire
-    assert summed["SuperNode 1"] == 2 * (50 + 50) * MB
+    assert summed["SuperLink"] == LINK_DOWN * 2 * 50 * MB + LINK_UP * (50 + 50) * MB  # half the bytes on the wire
+    assert summed["SuperNode 1"] == NODE_COPIES * (50 + 50) * MB + 50 * MB
 
 
 def test_a_host_too_small_is_refused_with_the_size_the_needs_and_what_fits():
@@ -46,10 +47,10 @@ def test_hosts_are_budgeted_apart_and_an_unknown_one_is_not_checked():
     plan = dict(node_sums=False, transport="float32", server_host=1, clients=8)
     # the server's host is big, each node's own host holds its SuperNode and ClientApp only
     check(100 * MB, {1: 4, 2: 4}, server_memory=10**12, node_host={1: 2, 2: 3},
-          node_memory={1: 3 * 10**9, 2: 3 * 10**9}, **plan)
+          node_memory={1: 5 * 10**9, 2: 5 * 10**9}, **plan)
     with pytest.raises(MemoryPlanError):  # the same two nodes on the server's small host
-        check(100 * MB, {1: 4, 2: 4}, server_memory=3 * 10**9, node_host={1: 1, 2: 1},
-              node_memory={1: 3 * 10**9, 2: 3 * 10**9}, **plan)
+        check(100 * MB, {1: 4, 2: 4}, server_memory=5 * 10**9, node_host={1: 1, 2: 1},
+              node_memory={1: 5 * 10**9, 2: 5 * 10**9}, **plan)
     check(100 * MB, {1: 4, 2: 4}, server_memory=None, node_host={1: None, 2: None},
           node_memory={1: None, 2: None}, **plan)
 
@@ -82,6 +83,7 @@ def test_flwr_run_that_cannot_fit_fails_before_round_1_with_the_reason(tmp_path,
 
     monkeypatch.setenv("CELGC_MEMORY_LIMIT", "1M")  # inherited by the SuperLink, the simulation and its ServerApp
     root = Path(__file__).resolve().parents[1]
+    (tmp_path / "superlink").mkdir()
     with LocalSuperLink(cwd=tmp_path / "superlink") as superlink:
         with pytest.raises(RunFailed) as info:
             run_app(root, {"num-clients": 4, "num-rounds": 2, "results-dir": str(tmp_path), "run-name": "small"},

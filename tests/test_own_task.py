@@ -1,11 +1,12 @@
 """Your own task by import path: config, clear errors, the tensor / Dataset helpers (== the built-in
-digits task bit for bit), and the README's "Bring your own task" code (== examples/own_task)."""
+digits task bit for bit), and the own-task tutorial's code (docs/tutorials/own-task.md == examples/own_task)."""
 
 import re
 from pathlib import Path
 
 import pytest
 import torch
+from docs_support import blocks
 from torch.utils.data import TensorDataset
 
 import tasks
@@ -225,11 +226,10 @@ def test_the_digits_data_through_the_helpers_trains_like_the_builtin_task(tmp_pa
     assert state.keys() == ref_state.keys() and all(torch.equal(state[k], ref_state[k]) for k in state)
 
 
-# --- the README ----------------------------------------------------------------------------
+# --- the tutorial ----------------------------------------------------------------------------
 def readme_snippet():
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Bring your own task", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    """The Python block of docs/tutorials/own-task.md, as the site shows it."""
+    return next(b.code for b in blocks(ROOT / "docs" / "tutorials" / "own-task.md") if b.lang == "python")
 
 
 def test_the_readme_code_is_the_example_and_runs(tmp_path, monkeypatch):

@@ -1,6 +1,6 @@
 """Client-level DP from the clipping bound (strategies.methods.privacy, strategies.core.dp_noise, dp_accountant): the noise,
-the accounting against dp-accounting and Flower's accountant, projection, the budget stop, the
-randomness modes, the buffer refusal, and the engine against the Flower path."""
+the accounting (RDP and PLD) against dp-accounting and Flower's accountant, projection, the update norms in the rows,
+the budget stop, the randomness modes, the buffer refusal, and the engine against the Flower path."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from strategies.core.client_metrics import COLUMNS
-from strategies.core.dp_accountant import Accountant, default_delta
-from strategies.core.dp_noise import DPSettings, project, secure_normal, secure_participants, seeded_normal
+from strategies.core.dp_accountant import PLD_DISCRETIZATION, Accountant, default_delta, round_pld
+from strategies.core.dp_noise import DPSettings, norm_statistics, project, secure_normal, secure_participants, seeded_normal
 from strategies.core.settings import Hyper
 from strategies.methods import CELGC, LocalSGD
 from strategies.methods.privacy import Privacy
@@ -60,6 +60,108 @@ def test_amplification_and_rounds_within_the_budget():
     assert sampled.rounds_within(budget, 50) == 7
     assert sampled.rounds_within(1e9, 50) == 50
     assert sampled.rounds_within(sampled.epsilon(1) / 2, 50) == 0
+
+
+def _dp_accounting_pld(event, rel: str, rounds: int, delta: float) -> float:
+    """dp-accounting's own PLD accountant on ``event`` composed ``rounds`` times (our discretisation)."""
+    from dp_accounting.pld import pld_privacy_accountant as pld
+
+    acc = pld.PLDAccountant(getattr(pld.NeighborRel, rel), value_discretization_interval=PLD_DISCRETIZATION)
+    acc.compose(event, rounds)
+    return acc.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("z, m, rounds", [(1.0, 8, 20), (2.0, 4, 3), (0.7, 100, 40)])
+def test_pld_without_sampling_is_dp_accountings_replace_one_gaussian(z, m, rounds):
+    """K = M: the round is dp-accounting's GaussianDpEvent(z) under REPLACE_ONE (its PLD puts the neighbours
+    2 S apart, our sensitivity), and RDP's event is the Gaussian of multiplier z / 2: the same mechanism."""
+    from dp_accounting import dp_event
+
+    delta = default_delta(m)
+    ours = Accountant(z, m, m, delta, "pld").epsilon(rounds)
+    assert ours == pytest.approx(_dp_accounting_pld(dp_event.GaussianDpEvent(z), "REPLACE_ONE", rounds, delta), abs=1e-9)
+    assert ours == pytest.approx(_dp_accounting_pld(dp_event.GaussianDpEvent(z / 2), "ADD_OR_REMOVE_ONE", rounds, delta),
+                                 abs=1e-9)
+    assert ours < Accountant(z, m, m, delta, "rdp").epsilon(rounds)
+
+
+@pytest.mark.parametrize("z, k, m", [(1.0, 20, 200), (2.0, 20, 200), (1.0, 64, 718), (1.3, 1, 500)])
+def test_pld_of_one_sampled_round_is_the_worse_direction_of_dp_accountings_subsampled_gaussian(z, k, m):
+    """One round: the symmetrised profile's epsilon is the larger of dp-accounting's two directions of the
+    q-subsampled Gaussian (its PoissonSampledDpEvent under ADD_OR_REMOVE_ONE reports that maximum)."""
+    from dp_accounting import dp_event
+
+    delta = default_delta(m)
+    ours = Accountant(z, k, m, delta, "pld").epsilon(1)
+    event = dp_event.PoissonSampledDpEvent(k / m, dp_event.GaussianDpEvent(z / 2))
+    assert ours == pytest.approx(_dp_accounting_pld(event, "ADD_OR_REMOVE_ONE", 1, delta), abs=2 * PLD_DISCRETIZATION)
+
+
+def test_one_sampled_rounds_pld_bounds_both_directions_computed_by_hand():
+    """delta(eps) of the round's PLD >= the hockey-stick divergence of both directions of the subsampled Gaussian,
+    integrated numerically here (remove: q N(1, s^2) + (1-q) N(0, s^2) against N(0, s^2); add: the reverse), and
+    within the discretisation of the larger."""
+    import numpy as np
+    from scipy.stats import norm as gauss
+
+    z, k, m = 1.0, 20, 200
+    s, q = z / 2, k / m
+    x = np.linspace(-12, 13, 400_001)
+    upper = q * gauss.pdf(x, 1, s) + (1 - q) * gauss.pdf(x, 0, s)
+    lower = gauss.pdf(x, 0, s)
+    one = round_pld(z, k, m)
+    for eps in (-1.0, 0.0, 0.5, 1.0, 2.0):
+        remove = np.trapezoid(np.maximum(upper - np.exp(eps) * lower, 0), x)
+        add = np.trapezoid(np.maximum(lower - np.exp(eps) * upper, 0), x)
+        ours = float(one.get_delta_for_epsilon(eps))
+        assert ours >= max(remove, add) - 1e-9, eps
+        assert ours == pytest.approx(max(remove, add), rel=2e-3, abs=1e-6), eps
+
+
+@pytest.mark.parametrize("z, k, m, rounds", [(1.0, 20, 200, 40), (2.0, 20, 200, 40), (1.0, 64, 718, 100)])
+def test_pld_is_below_rdp_and_covers_rounds_of_either_direction(z, k, m, rounds):
+    """The same run: PLD < RDP (dp-accounting's answer for the event, as accounted today); and PLD >= every
+    composition of the rounds' two directions (dp-accounting's remove and add PLDs of the subsampled Gaussian,
+    mixed in any proportion, the all-remove one included)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    delta = default_delta(m)
+    ours = Accountant(z, k, m, delta, "pld").epsilon(rounds)
+    assert ours < Accountant(z, k, m, delta, "rdp").epsilon(rounds) == pytest.approx(
+        _dp_accounting_epsilon(z, k, m, rounds, delta), abs=1e-6)
+    both = pld.from_gaussian_mechanism(z / 2, sampling_prob=k / m, value_discretization_interval=PLD_DISCRETIZATION)
+    remove, add = (pld.PrivacyLossDistribution(p) for p in (both._pmf_remove, both._pmf_add))  # noqa: SLF001
+    for removes in (0, rounds // 3, rounds):
+        parts = [d.self_compose(n) for d, n in ((remove, removes), (add, rounds - removes)) if n]
+        mixed = parts[0] if len(parts) == 1 else parts[0].compose(parts[1])
+        assert ours >= mixed.get_epsilon_for_delta(delta) - 1e-9, removes
+
+
+@pytest.mark.parametrize("z, k, m, rounds", [(2.0, 72, 718, 50), (2.0, 20, 200, 40)])
+def test_prv_accountant_agrees_with_dp_accountings_composition_and_ours_is_above(z, k, m, rounds):
+    """An independent composition (Microsoft's prv-accountant, as pfl-research uses; Gopi, Lee, Wutschitz 2021) of the
+    q-subsampled Gaussian's "remove" direction brackets dp-accounting's; ours (both directions, symmetrised) is above."""
+    prv = pytest.importorskip("prv_accountant")
+    from dp_accounting.pld import privacy_loss_distribution as pld
+    from prv_accountant.privacy_random_variables import PoissonSubsampledGaussianMechanism
+
+    delta = default_delta(m)
+    acc = prv.PRVAccountant(prvs=[PoissonSubsampledGaussianMechanism(k / m, z / 2)], max_self_compositions=[rounds],
+                            eps_error=0.1, delta_error=delta / 100)
+    low, _, high = acc.compute_epsilon(delta=delta, num_self_compositions=[rounds])
+    both = pld.from_gaussian_mechanism(z / 2, sampling_prob=k / m, value_discretization_interval=PLD_DISCRETIZATION)
+    remove = pld.PrivacyLossDistribution(both._pmf_remove).self_compose(rounds)  # noqa: SLF001
+    assert low <= remove.get_epsilon_for_delta(delta) <= high
+    assert Accountant(z, k, m, delta, "pld").epsilon(rounds) > high
+
+
+def test_pld_accountant_budget_and_description():
+    acc = Accountant(1.0, 20, 200, default_delta(200), "pld")
+    assert all(acc.epsilon(t) < acc.epsilon(t + 1) for t in (1, 5, 20))
+    assert acc.rounds_within(acc.epsilon(13) + 1e-9, 40) == 13
+    assert acc.describe().startswith("PLD") and "20 of 200" in acc.describe()
+    with pytest.raises(ValueError, match="dp-accountant must be one of rdp, pld, got 'prv'"):
+        Accountant(1.0, 20, 200, 1e-3, "prv")
 
 
 # --- randomness ------------------------------------------------------------------------------
@@ -141,6 +243,30 @@ def test_a_client_sending_100_s_moves_the_model_no_more_than_an_honest_one(metho
     assert torch.allclose(lied.state["w"], fair.state["w"], atol=1e-6)
 
 
+def test_norm_statistics_by_hand():
+    stats = norm_statistics(torch.tensor([0.5, 1.0, 2.0, 4.0]), 1.0)
+    assert stats == {"dp-update-norm-mean": 1.875, "dp-update-norm-q90": pytest.approx(3.4),  # 2 + 0.7 (4 - 2)
+                     "dp-update-norm-max": 4.0, "dp-projected-share": 0.5}
+    assert all(math.isnan(v) for v in norm_statistics(torch.zeros(0), 1.0).values())
+
+
+@pytest.mark.parametrize("method, dp_clip", [(CELGC, 0.0), (CELGC, 0.4), (LocalSGD, 0.5)])
+def test_rows_carry_the_update_norms_before_projection(method, dp_clip):
+    """Clients that moved 0.1, 0.3 and 3 S (and one non-finite reply, left out): the rows give their norms
+    before projection, the share projected, and the sensitivity is dp-clip where set (CELGC too)."""
+    s = dp_clip or 4 * 0.25
+    direction = torch.randn(20_000, generator=torch.Generator().manual_seed(2))
+    direction /= direction.norm()
+    broken = torch.full((20_000,), math.nan)
+    _, report = _round(method, 1.0, [0.1 * s * direction, 0.3 * s * direction, 3 * s * direction, broken],
+                       dp_clip=dp_clip, per_round=4)
+    r = report.metrics
+    assert r["dp-sensitivity"] == pytest.approx(s) and r["dp-projected"] == 1 and r["replies"] == 3
+    assert r["dp-update-norm-max"] == pytest.approx(3 * s) and r["dp-update-norm-mean"] == pytest.approx(3.4 * s / 3)
+    assert r["dp-update-norm-q90"] == pytest.approx(0.3 * s + 0.8 * 2.7 * s)
+    assert r["dp-projected-share"] == pytest.approx(1 / 3)
+
+
 # --- configuration and refusals ------------------------------------------------------------------
 @pytest.mark.parametrize("values, words", [
     ({"algorithm": "local-sgd", "clip": "off"}, "needs dp-clip > 0"),
@@ -153,6 +279,7 @@ def test_a_client_sending_100_s_moves_the_model_no_more_than_an_honest_one(metho
     ({"aggregation": "examples"}, "aggregation=\"uniform\""),
     ({"dp-buffers": "keep"}, "dp-buffers must be one of refuse, frozen"),
     ({"dp-delta": 1.5}, "dp-delta must be in [0, 1)"),
+    ({"dp-accountant": "prv"}, "dp-accountant must be one of rdp, pld, got 'prv'"),
 ])
 def test_refused_combinations_name_the_key(values, words):
     with pytest.raises(ValueError, match="dp-") as err:
@@ -163,6 +290,8 @@ def test_refused_combinations_name_the_key(values, words):
 def test_dp_keys_without_noise_are_refused():
     with pytest.raises(ValueError, match="dp-clip set without dp-noise-multiplier"):
         RunConfig.from_mapping({"dp-clip": 1.0})
+    with pytest.raises(ValueError, match="dp-accountant set without dp-noise-multiplier"):
+        RunConfig.from_mapping({"dp-accountant": "pld"})
 
 
 def test_a_batchnorm_model_is_refused_naming_the_fix(runs):
@@ -181,6 +310,20 @@ def test_frozen_buffers_stay_at_their_initial_values(runs):
     assert buffers and all(torch.equal(state[k], initial[k]) for k in buffers)
     assert not torch.equal(state["head.1.weight"], initial["head.1.weight"])
     assert head["privacy"]["buffers"] == "frozen"
+
+
+def test_the_groupnorm_digits_task_runs_private_without_frozen_buffers(runs):
+    """tasks.digits:digits_groupnorm_task: the digits CNN with GroupNorm, no buffers, so a DP run needs no
+    dp-buffers = "frozen" and every released tensor is noised; clients of one image (batch 1) train."""
+    from tasks.digits import DigitsCNN, DigitsGroupNormCNN
+
+    model = DigitsGroupNormCNN()
+    assert not list(model.buffers())
+    assert [p.shape for p in model.parameters()] == [p.shape for p in DigitsCNN().parameters()]
+    _, (head, rows) = runs.engine("gn", **DP, **{"task": "tasks.digits:digits_groupnorm_task", "num-clients": 16,
+                                                 "clients-per-round": 4, "batch-size": 1, "valid-fraction": 0.1,
+                                                 "num-rounds": 2, "dp-accountant": "pld"})
+    assert head["privacy"]["buffers"] == "refuse" and rows[-1]["dp-epsilon"] > 0 and "test-accuracy" in rows[-1]
 
 
 # --- whole runs: both backends ------------------------------------------------------------------
@@ -214,7 +357,8 @@ def test_engine_and_flower_give_the_same_epsilon_and_noise_std(runs, mlp_digits)
 
 
 def test_reproducible_mode_is_the_same_on_both_backends_and_not_private(runs, mlp_digits):
-    values = {**DP, "num-rounds": 2, "clients-per-round": 2, "dp-reproducible": True}
+    """Rows, update norms and the PLD epsilon included: the same on the Flower path and the engine."""
+    values = {**DP, "num-rounds": 2, "clients-per-round": 2, "dp-reproducible": True, "dp-accountant": "pld"}
     flower = runs.flower("f", **values)
     engine = runs.engine("e", **values)
     runs.same(flower, engine, exact=True)
@@ -223,6 +367,23 @@ def test_reproducible_mode_is_the_same_on_both_backends_and_not_private(runs, ml
     head, rows = engine[1]
     assert head["privacy"]["private"] is False and "NOT private" in head["privacy"]["randomness"]
     assert [r["dp-private"] for r in rows[1:]] == [0, 0]
+    assert head["privacy"]["accountant"] == "pld" and head["privacy"]["accounting"].startswith("PLD")
+    pld = Accountant(1.0, 2, 4, default_delta(4), "pld")
+    assert [r["dp-epsilon"] for r in rows[1:]] == [pld.epsilon(1), pld.epsilon(2)]
+    for row in rows[1:]:
+        assert 0 < row["dp-update-norm-mean"] <= row["dp-update-norm-q90"] <= row["dp-update-norm-max"]
+        assert row["dp-update-norm-max"] <= row["dp-sensitivity"] * (1 + 1e-6)  # CELGC's bound holds
+        assert row["dp-projected-share"] == row["dp-projected"] / row["replies"]
+
+
+def test_pld_gives_a_smaller_epsilon_than_rdp_for_the_same_run(runs, mlp_digits):
+    values = {**DP, "num-rounds": 3, "clients-per-round": 2, "num-clients": 8}
+    eps = {}
+    for kind in ("rdp", "pld"):
+        _, (head, rows) = runs.engine(kind, **values, **{"dp-accountant": kind})
+        eps[kind] = [r["dp-epsilon"] for r in rows[1:]]
+        assert eps[kind] == [Accountant(1.0, 2, 8, default_delta(8), kind).epsilon(t) for t in (1, 2, 3)]
+    assert all(p < r for p, r in zip(eps["pld"], eps["rdp"], strict=True))
 
 
 def test_default_mode_two_runs_differ(runs, mlp_digits):
@@ -253,6 +414,7 @@ def test_naive_with_dp_clip_runs_on_the_engine(runs, mlp_digits):
 @pytest.mark.parametrize("folder, private, plain", [
     ("dp-shakespeare", {"celgc-I8", "local-sgd-I8", "naive"}, set()),
     ("dp-digits", {"celgc-I4", "local-sgd-I4", "naive"}, {"nodp-celgc-I4", "nodp-local-sgd-I4", "nodp-naive"}),
+    ("dp-digits-eps8", {"celgc-I4", "local-sgd-I4"}, {"nodp-celgc-I4", "nodp-local-sgd-I4"}),
 ])
 def test_the_dp_comparison_gives_every_method_the_same_epsilon(folder, private, plain):
     """docs/EXPERIMENTS.md's DP utility comparisons: equal (z, K, M, rounds, delta) -> equal epsilon; the no-DP
@@ -273,7 +435,14 @@ def test_the_dp_comparison_gives_every_method_the_same_epsilon(folder, private, 
         plan = plans[name]
         cfg = RunConfig.from_mapping(plan.base)
         assert cfg.dp.enabled and not cfg.dp.reproducible and len(plan.seeds) >= 3 and cfg.valid_fraction > 0, name
-        assert ("dp-clip" in plan.grid) == (cfg.algorithm != "celgc"), name  # CELGC: no update clipping
+        # every other DP method tunes its update clip; CELGC runs without one (S = I gamma, its own bound), or tunes
+        # it with that point in the grid (dp-digits, issue 40)
+        clips = plan.grid.get("dp-clip")
+        assert (clips is None or 0.0 in clips) if cfg.algorithm == "celgc" else (clips and 0.0 not in clips), name
         budgets.add((cfg.dp_noise_multiplier, cfg.per_round, cfg.num_clients, cfg.num_rounds, cfg.dp_delta))
         settings.add((cfg.per_round, cfg.num_clients, cfg.num_rounds))
     assert len(budgets) == 1 and len(settings) == 1
+    if folder == "dp-digits-eps8":  # issue 40, item 4: epsilon <= 8 by both accountants at delta <= 1/M
+        z, k, m, rounds, delta = budgets.pop()
+        delta = delta or default_delta(m)
+        assert delta <= 1 / m and all(Accountant(z, k, m, delta, kind).epsilon(rounds) <= 8 for kind in ("rdp", "pld"))

@@ -395,9 +395,21 @@ def test_compare_reports_epsilon_of_a_dp_sweep_and_tells_it_from_the_same_method
     line = next(t for t in text.splitlines() if "+ DP z=1" in t)
     assert f"| {last[0]['dp-epsilon']:.3g} (δ {last[0]['dp-delta']:.2g}) |" in line and "NOT private" not in line
     assert "| no DP |" in next(t for t in text.splitlines()[2:] if "+ DP" not in t)
-    # no private sweep: no ε column
+    # the privacy table: S and the update norms (each run's mean over its rounds, then over the seeds), epsilon
+    # by both accountants for the run's (z, K, M, rounds, delta)
+    runs = [load_run(res / f"dp-lr={format_value(lr)}-seed={s}") for s in range(2)]
+    per_run = [np.mean([r["dp-update-norm-max"] for r in run.rows if "dp-update-norm-max" in r]) for run in runs]
+    norms, eps = private["dp-norms"], private["dp-accounted"]
+    assert norms["norm-max"] == pytest.approx(np.mean(per_run)) and norms["sensitivity"] == last[0]["dp-sensitivity"]
+    assert 0 < norms["norm-mean"] <= norms["norm-q90"] <= norms["norm-max"] <= norms["norm-max-max"]
+    assert eps["rdp"] == pytest.approx(last[0]["dp-epsilon"]) and 0 < eps["pld"] < eps["rdp"]
+    line = next(t for t in text.splitlines() if t.startswith("| digits-homogeneous") and f"| {eps['pld']:.3g} |" in t)
+    assert f"| {norms['sensitivity']:.3g} | {norms['norm-mean']:.3g} / " in line
+    assert "dp-norms" not in plain and all(p["dp-norms"] is None for p in plain["tuning"])
+    assert all(p["dp-norms"]["norm-max"] > 0 for p in private["tuning"])
+    # no private sweep: no ε column, no privacy table
     text, data = compare([res / "plain.sweep.json"], tmp_path / "cmp2", plots=False)
-    assert "ε" not in text and "dp-epsilon" not in data[0]
+    assert "ε" not in text and "dp-epsilon" not in data[0] and "Privacy" not in text
 
 
 def test_compare_tells_apart_one_method_at_several_n_and_orders_naturally(tmp_path):

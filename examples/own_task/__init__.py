@@ -1,1 +1,1 @@
-"""Bring your own task: ``tabular.py`` defines one; ``celgc.toml`` runs it (README "Bring your own task")."""
+"""Bring your own task: ``tabular.py`` defines one; ``celgc.toml`` runs it (docs/tutorials/own-task.md)."""

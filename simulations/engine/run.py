@@ -328,7 +328,7 @@ def parse(argv: Sequence[str] | None = None) -> tuple[RunConfig, EngineOptions, 
     args = parser.parse_args(argv)
     run_keys, engine_keys = split_engine_keys(parse_overrides(args.run_config))
     cfg = RunConfig.from_toml(args.config, run_keys)
-    for note in shared_default_notes(cfg_values(args.config, run_keys), explicit=run_keys):
+    for note in shared_default_notes(cfg, cfg_values(args.config, run_keys), explicit=run_keys):
         log.warning("%s", note)
     if not cfg.run_name:
         cfg = RunConfig.from_mapping({**cfg.to_mapping(), "run-name": cfg.folder_name()})

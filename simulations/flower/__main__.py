@@ -47,7 +47,8 @@ class ValueCheck(threading.Thread):
         try:
             from tasks.config import RunConfig
 
-            RunConfig.from_mapping({**app_config(self.app), **self.overrides})
+            app = app_config(self.app)  # a table of a method of yours listed there is the app's
+            RunConfig.from_mapping({**app, **self.overrides}, declared=app)
         except ValueError as exc:
             self.error = str(exc)
         except Exception:  # not a verdict on the values (an import failing, ...): the run reports it

@@ -161,10 +161,29 @@ def run_config_values(app: Path, run_config: Mapping[str, Any] | Sequence[str] |
     known = app_config_keys(app)
     unknown = [k for k in values if k not in known]
     if unknown:
-        hints = "; ".join(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(
-            k, known, n=1, cutoff=0.7)) else "") for k in unknown)
+        hints = "; ".join(f"{k!r}{_unknown_hint(k, known)}" for k in unknown)
         raise ValueError(f"unknown run-config key {hints}: the app's [tool.flwr.app.config] has {', '.join(known)}")
     return values
+
+
+def _unknown_hint(key: str, known: Sequence[str]) -> str:
+    """What a key the app's config lacks was likely meant to be: a close key; a method's own key
+    written without its method's name; the key of a method whose table the app's config lacks."""
+    scope, dot, _ = key.partition(".")
+    scopes = {k.partition(".")[0] for k in known if "." in k}
+    if dot and scope not in scopes:
+        close = difflib.get_close_matches(scope, sorted(scopes), n=1, cutoff=0.7)
+        return (f" (the app's config lists no keys of a method named {scope!r}"
+                + (f"; did you mean {close[0]!r}?" if close else "") + "; flwr run takes only keys listed there: a "
+                "method of your own lists its keys in [tool.flwr.app.config] at their defaults -- `python -m "
+                "simulations.docs_tables --method package.module:Class` prints the lines; docs/ALGORITHMS.md)")
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.7)
+    if close:
+        return f" (did you mean {close[0]!r}?)"
+    owners = [k for k in known if k.partition(".")[2] == key]
+    if not dot and owners:
+        return f" (a method's own key, written under the method's name: {', '.join(owners)})"
+    return ""
 
 
 def run_cli(args: Sequence[str], superlink: SuperLinkLike, timeout: float) -> tuple[int, str, str]:

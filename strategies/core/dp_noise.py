@@ -1,11 +1,12 @@
 """The pure math of client-level DP (no flwr): the DP keys, noise, the secure client sample, projection.
 
 ``DPSettings`` -- a run's DP keys, validated (``tasks.config``: dp-noise-multiplier, dp-clip,
-dp-delta, dp-max-epsilon, dp-buffers, dp-reproducible). ``secure_normal`` draws standard normal
+dp-delta, dp-max-epsilon, dp-accountant, dp-buffers, dp-reproducible). ``secure_normal`` draws standard normal
 float64 noise from the operating system's CSPRNG (``os.urandom``; Box-Muller on 53-bit
 uniforms), ``seeded_normal`` from (seed, round) -- reproducible and NOT private;
 ``secure_participants`` draws K of M clients uniformly without replacement with
-``secrets.SystemRandom``; ``project`` scales rows into an l2 ball. The mechanism that uses them
+``secrets.SystemRandom``; ``project`` scales rows into an l2 ball; ``norm_statistics`` summarises
+the contributions' norms before projection (the rows' ``dp-update-norm-*``). The mechanism that uses them
 is ``strategies.methods.privacy``; the accountant ``strategies.core.dp_accountant``.
 
 What floating-point Gaussian sampling does not protect against: a float sample is not exactly
@@ -25,6 +26,8 @@ import torch
 from torch import Tensor
 
 BUFFER_CHOICES = ("refuse", "frozen")
+#: the accountants of ``strategies.core.dp_accountant``: Renyi DP (the default) or the privacy loss distribution
+ACCOUNTANTS = ("rdp", "pld")
 #: separates the reproducible noise stream from the run's other seeded streams
 NOISE_TAG = 0xD9A0
 _TWO_POW_53 = float(2 ** 53)
@@ -33,12 +36,13 @@ _TWO_POW_53 = float(2 ** 53)
 @dataclass(frozen=True)
 class DPSettings:
     """A run's DP keys (``tasks.config``: dp-noise-multiplier, dp-clip, dp-delta, dp-max-epsilon,
-    dp-buffers, dp-reproducible); z = 0: no DP."""
+    dp-accountant, dp-buffers, dp-reproducible); z = 0: no DP."""
 
     noise_multiplier: float = 0.0
     clip: float = 0.0
     delta: float = 0.0
     max_epsilon: float = 0.0
+    accountant: str = "rdp"
     buffers: str = "refuse"
     reproducible: bool = False
 
@@ -55,11 +59,13 @@ class DPSettings:
                 out.append(f"{key} must be a finite number >= 0 (0: off), got {value!r}")
         if not (isinstance(self.delta, (int, float)) and 0 <= self.delta < 1):
             out.append(f"dp-delta must be in [0, 1) (0: 1/num-clients^1.1), got {self.delta!r}")
+        if self.accountant not in ACCOUNTANTS:
+            out.append(f"dp-accountant must be one of {', '.join(ACCOUNTANTS)}, got {self.accountant!r}")
         if self.buffers not in BUFFER_CHOICES:
             out.append(f"dp-buffers must be one of {', '.join(BUFFER_CHOICES)}, got {self.buffers!r}")
         if not self.enabled:
-            used = [k for k, v in (("dp-clip", self.clip), ("dp-delta", self.delta), ("dp-max-epsilon", self.max_epsilon))
-                    if v]
+            used = [k for k, v in (("dp-clip", self.clip), ("dp-delta", self.delta), ("dp-max-epsilon", self.max_epsilon),
+                                   ("dp-accountant", self.accountant != ACCOUNTANTS[0])) if v]
             if used:
                 out.append(f"{', '.join(used)} set without dp-noise-multiplier: set dp-noise-multiplier > 0 for a DP "
                            "run (0: no DP, the default)")
@@ -102,3 +108,20 @@ def project(matrix: Tensor, radius: float) -> tuple[Tensor, Tensor]:
     outside = norms > radius
     scale = torch.where(outside, radius / norms.clamp_min(torch.finfo(matrix.dtype).tiny), torch.ones_like(norms))
     return matrix * scale[:, None], outside
+
+
+#: the quantile of the contributions' norms reported beside their mean and maximum (``dp-update-norm-q90``)
+NORM_QUANTILE = 0.9
+
+
+def norm_statistics(norms: Tensor, radius: float) -> dict[str, float]:
+    """The round's contribution norms before projection (the sound clients of every process):
+    ``dp-update-norm-mean``, ``-q90`` (linear interpolation between order statistics, as
+    ``torch.quantile``), ``-max`` and ``dp-projected-share`` (the share above ``radius``, i.e.
+    projected); NaN without a contribution."""
+    norms = norms.detach().to(torch.float64).flatten()
+    if norms.numel() == 0:
+        return {"dp-update-norm-mean": math.nan, "dp-update-norm-q90": math.nan, "dp-update-norm-max": math.nan,
+                "dp-projected-share": math.nan}
+    return {"dp-update-norm-mean": float(norms.mean()), "dp-update-norm-q90": float(torch.quantile(norms, NORM_QUANTILE)),
+            "dp-update-norm-max": float(norms.max()), "dp-projected-share": float((norms > radius).double().mean())}

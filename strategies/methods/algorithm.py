@@ -1,7 +1,7 @@
 """The algorithm layer: each method defined once, driven by every backend (pure, no flwr).
 
-A method (``strategies.methods``: CELGC, local SGD, naive parallel clipping, EPISODE,
-single-machine clipped SGD, SCAFFOLD) is ONE subclass of ``Algorithm`` with two sides:
+A method (one module of ``strategies.methods`` each; the registry, ``METHODS``, and docs/ALGORITHMS.md
+list them) is ONE subclass of ``Algorithm`` with two sides:
 
 * the server side, ``server(rnd)``: one round as straight-line code, a generator that yields
   each ``Exchange`` (what the round's clients are sent: the global model, the settings with
@@ -101,8 +101,9 @@ class Algorithm(ABC):
     node_sums: ClassVar[bool] = False
     #: its own groups of arrays in replies -> what they hold ("state", "trainable" or "buffers")
     groups: ClassVar[dict[str, str]] = {}
-    #: its own settings: a frozen dataclass of ``own_key`` fields (TOML key, type, default, check, doc);
-    #: the run config's keys, the Flower strategy's arguments and the round's config carry them
+    #: its own settings: a frozen dataclass of ``own_key`` fields (key, type, default, check, doc); the run
+    #: config carries them scoped by ``name`` (``<name>.<key>``, ``run_config_keys``), the Flower strategy as
+    #: arguments (Python names), the round's config under their own keys (it names the method)
     Settings: ClassVar[type | None] = None
     #: its defaults for shared keys (TOML key -> value), taken where a run leaves the key at the shared default
     shared_defaults: ClassVar[dict[str, Any]] = {}
@@ -142,16 +143,25 @@ class Algorithm(ABC):
         return hyper.replace(**changes) if changes else hyper
 
     @classmethod
-    def parse_options(cls, values: Mapping[str, Any], *, complete: bool = False) -> Any:
+    def run_config_keys(cls) -> dict[str, dataclasses.Field]:
+        """Run-config key -> field of the method's own settings: each scoped by the method's name,
+        ``<name>.<key>`` (``fedavgm.server-lr``; in TOML the table ``[<name>]`` of the run config), so
+        that two methods may each have a key of the same name and a value meant for one never
+        reaches another."""
+        return {f"{cls.name}.{key}": f for key, f in cls.own_keys().items()}
+
+    @classmethod
+    def parse_options(cls, values: Mapping[str, Any], *, complete: bool = False, prefix: str = "") -> Any:
         """The method's own settings from TOML keys (missing ones: their defaults; ``complete``:
-        an error instead); an unknown key is an error naming the closest own key."""
+        an error instead); an unknown key is an error naming the closest own key. ``prefix`` goes
+        before every key an error names (``fedavgm.`` where the keys came from a run config)."""
         fields = cls.own_keys()
         unknown = sorted(set(values) - set(fields))
         if unknown:
             close = {k: m[0] for k in unknown if (m := difflib.get_close_matches(k, list(fields), n=1, cutoff=0.7))}
-            hint = "".join(f" (did you mean {m!r} for {k!r}?)" for k, m in close.items())
-            raise ValueError(f"algorithm {cls.name!r} has no setting(s) {unknown}{hint}; its own keys: "
-                             f"{', '.join(fields) or 'none'}")
+            hint = "".join(f" (did you mean {prefix + m!r} for {prefix + k!r}?)" for k, m in close.items())
+            raise ValueError(f"algorithm {cls.name!r} has no setting(s) {[prefix + k for k in unknown]}{hint}; its own "
+                             f"keys: {', '.join(prefix + k for k in fields) or 'none'}")
         if cls.Settings is None:
             return None
         missing = [k for k in fields if k not in values]
@@ -161,10 +171,10 @@ class Algorithm(ABC):
         kwargs = {}
         for key, f in fields.items():
             typ = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))  # annotations or not
-            value = _coerce(key, typ, values[key]) if key in values else f.default
+            value = _coerce(prefix + key, typ, values[key]) if key in values else f.default
             check = f.metadata["check"]
             if check is not None and not check(value):
-                raise ValueError(f"{key} must be {f.metadata['rule'] or 'valid'}, got {value!r}")
+                raise ValueError(f"{prefix}{key} must be {f.metadata['rule'] or 'valid'}, got {value!r}")
             kwargs[f.name] = value
         return cls.Settings(**kwargs)
 

@@ -1,25 +1,20 @@
 """FedAvgM (Hsu, Qi, Brown 2019, "Measuring the effects of non-identical data distribution for
 federated visual classification"): FedAvg with momentum on the server.
 
-The clients run FedAvg's local steps (CELGC's exchange and client side; clip off unless the run
-sets it); the server treats the average's displacement as a gradient, Delta = w_t - mean_k w_k,
-and steps with heavy-ball momentum: v <- beta v + Delta, w_t+1 = w_t - eta_s v, on the trainable
-parameters (all floating-point entries where the backend does not name them); buffers take the
-average. beta = 0 and eta_s = 1 is FedAvg. v is server state, checkpointed with the model.
+A server optimiser (``fedopt.FedOpt``): on the pseudo-gradient Delta = w_t - mean_k w_k the server
+steps with heavy-ball momentum, v <- beta v + Delta, w_t+1 = w_t - eta_s v (v starts at Delta).
+beta = 0 and eta_s = 1 is FedAvg. v is server state, checkpointed with the model.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from torch import Tensor
 
-from .algorithm import Round, Server, own_key
-from .celgc import CELGC
-
-PREFIX = "server-momentum."
+from .algorithm import own_key
+from .fedopt import FedOpt
 
 
 @dataclass(frozen=True)
@@ -30,47 +25,17 @@ class FedAvgMSettings:
                                check=lambda v: math.isfinite(v) and v > 0, rule="a finite number > 0")
 
 
-class FedAvgM(CELGC):
+class FedAvgM(FedOpt):
     """FedAvg's local steps; the server steps on the averaged update with momentum."""
 
     name = "fedavgm"
     paper = "Hsu, Qi, Brown 2019, https://arxiv.org/abs/1909.06335"
     Settings = FedAvgMSettings
-    shared_defaults = {"clip": math.inf}  # FedAvg's clients: plain SGD
-    needs_global = True  # the server steps from the global model
+    slots = {"v": "server-momentum."}  # the checkpoint's entries: server-momentum.<parameter>
 
-    def __init__(self, *args, **kw) -> None:
-        super().__init__(*args, **kw)
-        self.velocity: dict[str, Tensor] = {}  # v; empty: zeros
-
-    def server(self, rnd: Round) -> Server:
-        results = yield rnd.exchange(self.modes[0])
-        average = rnd.mean(results, "arrays")
-        if average.arrays is None:
-            return rnd.finish(None, average)
-        mean = average.arrays["arrays"]
-        beta, eta = self.options.server_momentum, self.options.server_lr
-        names = rnd.trainable if rnd.trainable is not None else [k for k, v in mean.items() if v.is_floating_point()]
-        state = dict(mean)
-        for k in names:
-            delta = rnd.state[k] - mean[k]
-            v = beta * self.velocity[k] + delta if k in self.velocity else delta
-            self.velocity[k] = v
-            state[k] = rnd.state[k] - eta * v
-        return rnd.finish(state, average)
-
-    def state_dict(self) -> dict[str, Tensor]:
-        return {f"{PREFIX}{k}": v for k, v in self.velocity.items()}
-
-    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
-        unknown = sorted(k for k in state if not k.startswith(PREFIX))
-        if unknown:
-            raise ValueError(f"fedavgm keeps only its server momentum, the checkpoint holds {unknown}")
-        self.velocity = {k.removeprefix(PREFIX): v for k, v in state.items()}
-
-    @classmethod
-    def label(cls, local_steps: int | str) -> str:
-        return f"FedAvgM I={local_steps}"
+    def update(self, x: Tensor, g: Tensor, slots: dict[str, Tensor]) -> Tensor:
+        slots["v"] = self.options.server_momentum * slots["v"] + g if "v" in slots else g
+        return x - self.options.server_lr * slots["v"]
 
     def summary(self) -> list[str]:
         o = self.options

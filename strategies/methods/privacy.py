@@ -18,6 +18,11 @@ inside ``Round.mean`` of the round's last exchange, ``strategies.methods.round``
    mis-shaped) contributes 0: either way every client's contribution lies in the ball, which
    is all the sensitivity needs. Projection (not a drop) keeps an honest client whose float
    rounding lands a hair outside the bound, and is DP-FedAvg's update clipping for dp-clip.
+   dp-clip also applies to CELGC (C below I gamma: a tighter sensitivity than the worst case,
+   which honest clients' updates rarely reach). The contributions' norms BEFORE projection
+   are summarised in the rows (``dp-update-norm-mean``, ``-q90``, ``-max``, ``dp-projected-share``;
+   several processes: gathered by slot in the round's one all-reduce), so the distance between
+   S and what the clients send is visible.
 4. Noise N(0, z^2 S^2) per coordinate is added ONCE to the SUM of the round's contributions
    (on one process: the engine's first), and the sum is divided by the FIXED denominator K,
    the clients sampled for the round -- not by the number of sound replies, which depends on
@@ -36,8 +41,9 @@ parity between backends) and marks the run NOT private in its header and rows.
 What this does not protect against: floating-point Gaussian samples are not exactly Gaussian
 (Mironov, CCS 2012: the low-order bits of a float sample can reveal the unnoised value; no
 snapping or discrete Gaussian here), timing side channels, the per-round client metrics in the
-results rows (train loss, clip fraction, the count of projected contributions: computed from
-the clients' data and NOT noised -- keep the rows with the server), a validation split of the
+results rows (train loss, clip fraction, the count and share of projected contributions, the
+contributions' norms: computed from the clients' data and NOT noised -- keep the rows with the
+server), a validation split of the
 clients' data (``valid-fraction``) evaluated centrally. Trust model: central DP -- the server
 sees every client's update in the clear and is trusted; what is private is every model it
 releases (and everything computed from them). Secure aggregation is out of scope.
@@ -56,7 +62,7 @@ from torch import Tensor
 from ..core.bound import norm
 from ..core.client_sampling import participants
 from ..core.dp_accountant import Accountant, default_delta
-from ..core.dp_noise import DPSettings, project, secure_normal, secure_participants, seeded_normal
+from ..core.dp_noise import DPSettings, norm_statistics, project, secure_normal, secure_participants, seeded_normal
 from .reduce import ClientResults, Mean, mean
 from .round import GROUP_KINDS
 
@@ -125,7 +131,8 @@ class Privacy:
         self.adds_noise = adds_noise
         self.broadcast = broadcast
         self.delta = settings.delta or default_delta(self.population)
-        self.accountant = Accountant(settings.noise_multiplier, self.per_round, self.population, self.delta)
+        self.accountant = Accountant(settings.noise_multiplier, self.per_round, self.population, self.delta,
+                                     settings.accountant)
         self._samples: dict[int, list[int]] = {}
 
     @property
@@ -208,12 +215,15 @@ class Privacy:
                                              for k in keys], 1)
             finite = torch.isfinite(matrix).all(1)
             matrix = torch.where(finite[:, None], matrix, torch.zeros_like(matrix))
+            norms = matrix.norm(dim=1)  # before projection: how far the clients really moved
             matrix, outside = project(matrix, radius)
             matrix = torch.where(finite[:, None], matrix, torch.full_like(matrix, math.nan))  # still rejected by mean
             projected = float((outside & finite).sum())
         else:
             matrix = torch.zeros(0, sum(int(np.prod(s)) for s in shapes.values()), dtype=torch.float64, device=device)
             projected = 0.0
+            norms = finite = torch.zeros(0, dtype=torch.bool, device=device)
+        slots = self._norm_slots(rnd, results.ids, norms, finite)
         update, offset = {}, 0
         for k in keys:
             size = int(np.prod(shapes[k]))
@@ -228,7 +238,7 @@ class Privacy:
         if self.adds_noise:
             extra = self.noise(offset, rnd.server_round).to(device) * (z * radius / expected)
         m = mean(contributions, like, aggregation="uniform", expected=expected, all_reduce=rnd.all_reduce,
-                 sums={**sums, "dp-projected": projected}, fixed_denominator=True, extra=extra)
+                 sums={**sums, "dp-projected": projected, **slots}, fixed_denominator=True, extra=extra)
         average = m.arrays["update"]
         out: dict[str, dict[str, Tensor]] = {}
         for g in groups:
@@ -241,12 +251,40 @@ class Privacy:
             else:  # buffers: frozen at the global model's (its initial values)
                 out[g] = {k: v.detach().clone() for k, v in state.items() if k not in set(keys)}
         totals = dict(m.sums)
+        gathered = self._gathered_norms(totals, slots, norms, finite)
         rnd.dp_metrics = {
             "dp-epsilon": self.accountant.epsilon(rnd.server_round), "dp-delta": self.delta,
             "dp-sensitivity": radius, "dp-noise-std": z * radius, "dp-projected": int(round(totals.pop("dp-projected"))),
-            "dp-private": int(self.private),
+            **norm_statistics(gathered, radius), "dp-private": int(self.private),
         }
         return Mean(out, m.replies, m.metrics, m.scalars, m.ok, totals)
+
+    def _norm_slots(self, rnd: Any, ids: Sequence[int], norms: Tensor, finite: Tensor) -> dict[str, float]:
+        """On several processes (``rnd.all_reduce``), this process's clients' norms placed at their
+        slots of the round's sample (``participants``), to be summed with the round's other counters
+        in its one all-reduce: ``dp-norm:j`` the norm, ``dp-sound:j`` 1 where slot j's contribution
+        is finite. One process: nothing (its norms are all of them)."""
+        if rnd.all_reduce is None:
+            return {}
+        sample = self.participants(rnd.server_round)
+        where = {pid: j for j, pid in enumerate(sample)}
+        out = {f"dp-{kind}:{j}": 0.0 for j in range(len(sample)) for kind in ("norm", "sound")}
+        for pid, value, sound in zip(ids, norms.tolist(), finite.tolist(), strict=True):
+            if pid not in where:
+                raise ValueError(f"client {pid} is not in round {rnd.server_round}'s sample")
+            if sound:
+                out[f"dp-norm:{where[pid]}"], out[f"dp-sound:{where[pid]}"] = float(value), 1.0
+        return out
+
+    @staticmethod
+    def _gathered_norms(totals: dict[str, float], slots: Mapping[str, float], norms: Tensor, finite: Tensor) -> Tensor:
+        """The sound contributions' norms of every process (the slots' sums taken out of ``totals``)."""
+        if not slots:
+            return norms[finite] if len(norms) else norms.to(torch.float64)
+        values = {key: totals.pop(key) for key in slots}
+        count = len(slots) // 2
+        return torch.tensor([values[f"dp-norm:{j}"] for j in range(count) if values[f"dp-sound:{j}"] > 0.5],
+                            dtype=torch.float64)
 
     # --- what the results say --------------------------------------------------------------
     def summary(self) -> list[str]:
@@ -266,6 +304,7 @@ class Privacy:
         s = self.settings
         return {"private": self.private, "noise-multiplier": s.noise_multiplier, "dp-clip": s.clip or None,
                 "delta": self.delta, "max-epsilon": s.max_epsilon or None, "buffers": s.buffers,
+                "accountant": s.accountant,
                 "relation": "replace-one client", "denominator": self.per_round, "population": self.population,
                 "accounting": self.accountant.describe(),
                 "randomness": ("seeded from the public seed: NOT private" if s.reproducible else

@@ -125,7 +125,12 @@ def load_checkpoint(folder: str | Path) -> Checkpoint | None:
 
 
 def check_resumable(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
-    """Raise CheckpointError naming every key whose change would alter the arithmetic."""
+    """Raise CheckpointError naming every key whose change would alter the arithmetic (both configs
+    in today's keys, ``tasks.config.comparable``: a checkpoint written before a method's keys were
+    scoped, or before another method was added, resumes)."""
+    from ..config import comparable  # the config module imports the registry of methods: only when asked
+
+    saved, current = comparable(saved), comparable(current)
     keys = (set(saved) | set(current)) - RESUMABLE_CHANGES
     diff = sorted(k for k in keys if saved.get(k) != current.get(k))
     if diff:
