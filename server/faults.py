@@ -80,8 +80,8 @@ def quick_object_pulls() -> None:
     function with a short first backoff and cap (``OBJECT_RETRY``, ``OBJECT_RETRY_CAP``), in this
     ServerApp process only (deployment; simulation pulls from memory). It fails loudly if a Flower
     version moves the function."""
-    from flwr.superlink.grid import http_grid
     from flwr.supercore.inflatable import inflatable_utils
+    from flwr.superlink.grid import http_grid
 
     current = http_grid.pull_objects
     if getattr(current, "keywords", {}).get("initial_backoff") == OBJECT_RETRY:

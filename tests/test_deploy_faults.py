@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from controls_support import checkpointed_controls
 from deploy_support import DEPLOY_CONFIG, FaultyGrid, assert_same_weights, needs_openssl, reference_run
 

@@ -57,7 +57,8 @@ from strategies.methods.executors.options import split_engine_keys
 from strategies.methods.privacy import Privacy
 from strategies.methods.reduce import ClientResults
 from tasks import cached_task, check_partitions, initial_model, partitions
-from tasks.config import RunConfig, shared_default_notes, toml_values as cfg_values
+from tasks.config import RunConfig, shared_default_notes
+from tasks.config import toml_values as cfg_values
 from tasks.device import pick_device
 from tasks.overrides import parse_overrides
 from tasks.protocol import Task, draw_batches, example_counter, is_stateful, lr_scale_bound, training_loss

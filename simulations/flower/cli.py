@@ -26,7 +26,7 @@ from typing import Any
 import tomllib
 
 from server.deploy.cli_json import parse_cli_json
-from server.deploy.restarts import FAILED_MARK, failure_cause, fab_hash, stop_reason
+from server.deploy.restarts import fab_hash, failure_cause, stop_reason
 from tasks.overrides import parse_overrides
 
 from .processes import exe, stop, strip_ansi, tail
