@@ -459,7 +459,8 @@ def compare(paths: Sequence[str | Path], out: str | Path, target: float | None =
 
 #: run-config keys that tell apart sweeps of one method in one setting (an N-sweep; one method at two fixed
 #: points, such as its selected point and one where it clips), as the label shows them
-DISTINGUISH = (("num-clients", "N"), ("batch-size", "b"), ("lr", "η"), ("clip", "γ"))
+DISTINGUISH = (("num-clients", "N"), ("batch-size", "b"), ("lr", "η"), ("clip", "γ"), ("transport", "transport"),
+               ("node-aggregation", "node-aggregation"))
 
 
 def distinguish(compared: list[Compared]) -> list[Compared]:
