@@ -18,8 +18,9 @@ import pytest
 from docs_support import ROOT, Block, Sandbox, all_blocks, blocks, markdown_files, shrink
 
 BLOCKS = all_blocks()
-#: at most this many blocks may be skipped: the list must stay short
-MAX_SKIPPED = 27
+#: at most this many blocks may be skipped: the list must stay short (the long sweeps and benchmarks whose
+#: figures the docs show: measurements, not checks)
+MAX_SKIPPED = 30
 
 
 @pytest.fixture(scope="session")
