@@ -26,14 +26,14 @@ from typing import Any
 import tomllib
 
 from server.deploy.cli_json import parse_cli_json
-from server.deploy.restarts import fab_hash, failure_cause, stop_reason
+from server.deploy.restarts import FAILED_MARK, fab_hash, failure_cause, stop_reason
 from tasks.overrides import parse_overrides
 
 from .processes import exe, stop, strip_ansi, tail
 from .superlink import LocalSuperLink, SuperLinkLike
 
-__all__ = ["STATUS_COMPLETED", "STATUS_FAILED", "STATUS_STOPPED", "FlowerCliError", "RunFailed", "RunTimeout",
-           "fetch_logs", "flwr_json", "format_overrides", "is_finished", "parse_cli_json", "prepare_run_config",
+__all__ = ["FAILED_MARK", "STATUS_COMPLETED", "STATUS_FAILED", "STATUS_STOPPED", "FlowerCliError", "RunFailed", "RunTimeout",
+           "failure_cause", "fetch_logs", "flwr_json", "format_overrides", "is_finished", "parse_cli_json", "prepare_run_config",
            "run_app", "run_app_with_restarts", "run_status", "stop_run", "submit_run", "wait_for_run"]
 
 STATUS_COMPLETED = "finished:completed"
