@@ -373,7 +373,7 @@ def run_setting(setting: str, args: argparse.Namespace) -> None:
             if name in ("deployed", "stock"):
                 print(f"{label}: {r['round'] / plain['round']:.2f} x plain Flower FedAvg's s/round "
                       f"(first round {r['first']:.1f} s; plain's {plain['first']:.1f} s)")
-    for label, (name, r) in results.items():
+    for label, (_, r) in results.items():
         if r.get("parts"):
             print(f"\n{label}, mean seconds a round (rounds 2..; nodes overlap, so parts need not add up):")
             for part, sec in r["parts"].items():

@@ -4,8 +4,8 @@
 gives N torch threads; ``auto`` gives the host's cores divided by the SuperNodes running on it
 (at least 1), counted at the node's first message of a run and kept for the run in the node's
 ``Context.state`` -- results depend on the thread count (a float reduction's order), so a run's
-clients keep theirs when another SuperNode of the host stops or starts mid-run. Two ClientApps with torch's default threads each on
-a 2-core host ran 31 training steps in 1-10 s instead of 0.12 s with one thread each
+clients keep theirs when another SuperNode of the host stops or starts mid-run. Two ClientApps
+with torch's default threads each on a 2-core host ran 31 training steps in 1-10 s instead of 0.12 s with one thread each
 (issue 28's probe). Unset (simulation, the engine, the tests' in-process apps): nothing changes.
 """
 
@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 
 from flwr.app import ConfigRecord, Context
+
+from tasks.runs import stamps
 
 ENV = "CELGC_TORCH_THREADS"
 
@@ -64,5 +66,7 @@ def use_host_share(context: Context) -> None:
     if n is not None:
         import torch
 
-        if torch.get_num_threads() != n:
+        before = torch.get_num_threads()
+        if before != n:
             torch.set_num_threads(n)
+        stamps.mark("host-share", run=context.run_id, threads=torch.get_num_threads(), before=before)

@@ -37,18 +37,25 @@ What is isolated, and what is not:
 * **Stopping.** SIGTERM or SIGINT stops the runner and every worker (SIGTERM, SIGKILL after
   5 s). The runner exits when the SuperNode (``--parent-pid``) is gone, a worker when the
   runner is.
+* **Only this runner acquires the node's tasks.** With ``--superexec-auth-secret-file`` (the
+  SuperNode's SuperExec secret: ``start_supernode.sh`` makes a fresh one per node, readable by its
+  user only, and gives it to both) every ``AcquireTask`` is signed with it, and the SuperNode
+  refuses the call from any other process of the host; a message's own calls carry its token.
 
-``server/deploy/start_supernode.sh`` starts a SuperNode with this runner by default
-(``--isolation subprocess``: Flower's stock path)::
+This file is the runner (polling, dispatch, workers' lives, the CLI); what runs in a worker is
+``client/warm_worker.py``, loaded from its file (``load_worker``), never as part of the
+project's package. ``server/deploy/start_supernode.sh`` starts a SuperNode with this runner by
+default (``--isolation subprocess``: Flower's stock path)::
 
-    flower-supernode --isolation process --port 9094 ... &
-    python client/warm_runner.py --runtime-api-address 127.0.0.1:9094 --insecure --parent-pid $!
+    flower-supernode --isolation process --port 9094 --superexec-auth-secret-file S ... &
+    python client/warm_runner.py --runtime-api-address 127.0.0.1:9094 --insecure --parent-pid $! \\
+        --superexec-auth-secret-file S
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib.util
 import multiprocessing
 import os
 import signal
@@ -57,217 +64,48 @@ import time
 from dataclasses import dataclass, field
 from logging import DEBUG, ERROR, INFO, WARNING
 from multiprocessing.connection import Connection
+from pathlib import Path
+from types import ModuleType
 
 if __name__ == "__main__" and sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     del sys.path[0]  # run as a file: its folder (client/) is no package root of the app's
 
-# Imported once, here, so that every fork starts warm (nothing of torch runs in the runner).
-import torch  # noqa: F401
-from flwr.app import Context, Message, Metadata, RecordDict
-from flwr.app.error import Error
-from flwr.app.message import make_message
-from flwr.cli.install import install_from_fab
-from flwr.clientapp.client_app import ClientApp, LoadClientAppError
-from flwr.clientapp.utils import get_load_client_app_fn
-from flwr.common.constant import ErrorCode, SubStatus
-from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto
-from flwr.proto.node_pb2 import Node  # pylint: disable=E0611
-from flwr.proto.runtime_pb2 import (  # pylint: disable=E0611
-    AcquireTaskRequest,
-    PullAppMessagesRequest,
-    PullTaskInputRequest,
-)
+from flwr.app import Metadata
+from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=E0611
 from flwr.supercore import log
 from flwr.supercore.auth.superexec_secret import load_superexec_auth_secret
 from flwr.supercore.constant import TaskType
-from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
-from flwr.supercore.interceptors import (
-    RuntimeTokenHttpInterceptor,
-    RuntimeVersionHttpInterceptor,
-    SuperExecAuthHttpInterceptor,
-)
-from flwr.supercore.retry import make_simple_http_retry_invoker
-from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supercore.tls import validate_and_resolve_root_certificates
-from flwr.supercore.fab import Fab
-from flwr.supercore.inflatable.inflatable_protobuf_utils import (
-    make_confirm_message_received_fn_protobuf,
-    make_pull_object_fn_protobuf,
-)
-from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
-from flwr.supercore.run import Run
-from flwr.supercore.task_identity import TaskIdentity
-from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
 _FORK = multiprocessing.get_context("fork")
+#: the package this runner was imported from (``python -m client.warm_runner``: ``client``), forgotten in a
+#: worker before the FAB's app loads; None when it runs as a file
+_OWN_PACKAGE = __spec__.parent if __spec__ is not None and __spec__.parent else None
+#: the private name of the worker module in ``sys.modules`` (no package of the project, nor of an app)
+WORKER_MODULE = "_celgc_warm_worker"
 
 
-def _mark(event: str, **fields: object) -> None:
-    """``tasks.runs.stamps.mark``'s line, written here: the runner imports nothing of the project,
-    so a worker loads the app, and what it imports, as a fresh ``flwr-clientapp`` would."""
-    path = os.environ.get("CELGC_STAMPS")
-    if path:
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"event": event, "t": time.time(), "pid": os.getpid(), **fields}) + "\n")
-#: seconds before a message's object that is not stored yet is asked for again (doubling up to
-#: ``PULL_BACKOFF_CAP``: the SuperNode stores a message's objects only once it pulled them all, so
-#: a worker that acquired the task early waits for them; with Flower's 1 s cap up to 1 s too long);
-#: ``PULL_TRIES``: about as long as Flower's own bound (500 tries at its backoff)
-PULL_BACKOFF = 0.02
-PULL_BACKOFF_CAP = 0.1
-PULL_TRIES = 5000
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """How to reach the SuperNode's Runtime API."""
-
-    address: str
-    insecure: bool
-    certificates: bytes | None
-    secret: bytes | None = None
-
-    def client(self, *, token: str | None = None, max_tries: int | None = None) -> RuntimeHttpClient:
-        """A Runtime API client: the runner's own (SuperExec auth) or one message's (its token)."""
-        interceptors: list = [RuntimeVersionHttpInterceptor(component_name="flwr-clientapp" if token else "SuperExec")]
-        if token is not None:
-            interceptors.append(RuntimeTokenHttpInterceptor(token))
-        elif self.secret:
-            interceptors.append(SuperExecAuthHttpInterceptor(master_secret=self.secret,
-                                                             protected_methods=frozenset({"/flwr.proto.Runtime/AcquireTask"})))
-        retry = make_simple_http_retry_invoker()
-        if max_tries is not None:
-            retry.max_tries = max_tries
-        return RuntimeHttpClient.from_server_address(server_address=self.address, insecure=self.insecure,
-                                                     root_certificates=self.certificates, interceptors=interceptors,
-                                                     retry_invoker=retry)
-
-
-# --- the worker: one (run, FAB), many messages ------------------------------------------------------------------
-class _LoadedApp:
-    """The ClientApp of one FAB, installed, verified and loaded once."""
-
-    def __init__(self, fab_hash: str) -> None:
-        self.fab_hash = fab_hash
-        self.app: ClientApp | None = None
-
-    def get(self, run, fab) -> ClientApp:
-        if fab.hash_str != self.fab_hash:
-            raise LoadClientAppError(f"the task announced FAB {self.fab_hash[:12]}, the SuperNode sent "
-                                     f"{fab.hash_str[:12]}: refused")
-        if self.app is None:
-            install_from_fab(fab.content, skip_prompt=True)  # Flower's verification: FAB hash and file hashes
-            _forget_runner_package()
-            load = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)
-            self.app = load(run.fab_id, run.fab_version, fab.hash_str)
-        return self.app
-
-
-def _forget_runner_package() -> None:
-    """Started as ``python -m client.warm_runner``, the runner imported its own package, ``client``,
-    from wherever it was installed: forget it, so that the FAB's ``client`` loads in its place.
-    Nothing else is dropped: what the interpreter imported at its start (``sitecustomize``, say)
-    stays, as in a fresh ``flwr-clientapp`` process."""
-    own = __spec__.parent if __spec__ is not None and __spec__.parent else None
-    if own:
-        for name in [m for m in sys.modules if m == own or m.startswith(own + ".")]:
-            del sys.modules[name]
-
-
-def pull_input(client: RuntimeHttpClient) -> tuple[Message, Context, Run, Fab]:
-    """The message, context, run and FAB of a task, as Flower's ``pull_task_input`` pulls them,
-    with one difference: the message's objects are retried after ``PULL_BACKOFF`` s, not Flower's
-    1 s (a warm worker asks for them while the SuperNode is still storing them; measured: 0.9 s of
-    every deployed message waited in Flower's first backoff)."""
-    res = client.PullTaskInput(PullTaskInputRequest())
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = res.task_id, res.run.run_id, res.context.node_id
-    context, run, fab = context_from_proto(res.context), run_from_proto(res.run), fab_from_proto(res.fab)
-    pulled = client.PullMessages(PullAppMessagesRequest())
-    if not pulled.messages_list:
-        raise RuntimeError("No messages received from Runtime API")
-    node = Node(node_id=context.node_id)
-    tree = pulled.message_object_trees[0]
-    message = pull_and_inflate_object_from_tree(
-        tree, make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
-        make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node, context.run_id),
-        return_type=Message, initial_backoff=PULL_BACKOFF, backoff_cap=PULL_BACKOFF_CAP, max_tries_per_object=PULL_TRIES)
-    message.metadata.__dict__["_message_id"] = tree.object_id  # as Flower: the deflated message lacks its id
-    return message, context, run, fab
-
-
-def run_message(endpoint: Endpoint, token: str, loaded: _LoadedApp, started=None) -> str:
-    """One message, as ``flwr-clientapp`` runs it: task input, the app, reply, task output.
-    ``started(metadata)`` is told the message before the app runs. Returns the sub-status
-    (completed / failed)."""
-    client = endpoint.client(token=token)
-    heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
-    message = context = reply = None
-    sub_status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
+def load_worker() -> ModuleType:
+    """``client/warm_worker.py`` (next to this file), loaded from its path under ``WORKER_MODULE``: the
+    runner imports nothing of the project, whether run as a file or as ``python -m client.warm_runner``.
+    Its imports (flwr, torch) happen here, once, so that every fork starts warm."""
+    loaded = sys.modules.get(WORKER_MODULE)
+    if loaded is not None:
+        return loaded
+    spec = importlib.util.spec_from_file_location(WORKER_MODULE, Path(__file__).resolve().with_name("warm_worker.py"))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {Path(__file__).with_name('warm_worker.py')}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[WORKER_MODULE] = module
     try:
-        heartbeat.start()
-        message, context, run, fab = pull_input(client)
-        if started is not None:
-            started(message.metadata)
-        app = loaded.get(run, fab)
-        _mark("worker-start", run=run.run_id)
-        reply = app(message=message, context=context)
-        sub_status, details = SubStatus.COMPLETED, ""
-    except Exception as ex:  # the message fails, the worker lives on (as flwr-clientapp's Error reply)
-        code = ErrorCode.LOAD_CLIENT_APP_EXCEPTION if isinstance(ex, LoadClientAppError) else \
-            ErrorCode.CLIENT_APP_RAISED_EXCEPTION
-        details = f"{type(ex)}:<'{ex}'>"
-        log(ERROR, "ClientApp raised an exception", exc_info=ex)
-        if message is not None:
-            reply = Message(Error(code=code, reason=details), reply_to=message)
-    finally:
-        try:
-            if reply is not None and context is not None:
-                push_message(client, reply, context)
-                _mark("worker-pushed")
-        except Exception as ex:  # noqa: BLE001 - reported as the task's failure
-            log(ERROR, "Failed to push reply message", exc_info=ex)
-            sub_status, details = SubStatus.FAILED, f"reply could not be pushed: {ex}"
-        push_task_output(client, context, sub_status, details)
-        if heartbeat.is_running:
-            heartbeat.stop()
-        client.close()
-    return sub_status
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[WORKER_MODULE]
+        raise
+    return module
 
 
-def _answer_failed(endpoint: Endpoint, token: str, message: Metadata | None, details: str) -> None:
-    """The Error reply to the message (``message``: its metadata, as the dead worker reported it)
-    and the task's failed status; without the message (it died before pulling it) the status."""
-    client = endpoint.client(token=token, max_tries=3)
-    try:
-        if message is not None:
-            reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=details),
-                            reply_to=make_message(metadata=message, content=RecordDict()))
-            context = Context(run_id=message.run_id, node_id=message.dst_node_id, node_config={},
-                              state=RecordDict(), run_config={})
-            push_message(client, reply, context)
-    except Exception as ex:  # noqa: BLE001 - the token may have expired: the server's round-timeout applies
-        log(WARNING, "Warm ClientApp runner: could not answer the failed message (%s)", ex)
-    finally:
-        push_task_output(client, None, SubStatus.FAILED, details)  # the node's kept Context stays as it was
-        client.close()
-
-
-def _worker_main(conn: Connection, endpoint: Endpoint, fab_hash: str, threads: int | None) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner handles Ctrl-C and stops its workers
-    if threads:
-        torch.set_num_threads(threads)
-    runner = os.getppid()
-    loaded = _LoadedApp(fab_hash)
-    while True:
-        if not conn.poll(1.0):
-            if os.getppid() != runner:  # the runner is gone
-                return
-            continue
-        token = conn.recv()
-        if token is None:
-            return
-        conn.send(("done", run_message(endpoint, token, loaded, lambda meta: conn.send(("message", meta)))))
+W = load_worker()
 
 
 @dataclass
@@ -280,11 +118,10 @@ class _Worker:
     last: float = field(default_factory=time.monotonic)
 
 
-# --- the runner ---------------------------------------------------------------------------------------------------
 class WarmRunner:
     """Acquire ClientApp tasks from a SuperNode's Runtime API and run them on warm workers."""
 
-    def __init__(self, endpoint: Endpoint, *, poll_interval: float = 0.05, max_workers: int = 2,
+    def __init__(self, endpoint: W.Endpoint, *, poll_interval: float = 0.05, max_workers: int = 2,
                  idle_exit: float = 900.0, threads: int | None = None, parent_pid: int | None = None) -> None:
         self.endpoint, self.poll, self.max_workers = endpoint, poll_interval, max_workers
         self.idle_exit, self.threads, self.parent_pid = idle_exit, threads, parent_pid
@@ -314,7 +151,7 @@ class WarmRunner:
                     continue
                 failing = False
                 if res.HasField("task") and res.token:
-                    _mark("acquired", run=res.task.run_id)
+                    W.mark("acquired", run=res.task.run_id)
                     self._dispatch(res.task, res.token)
                     continue
                 time.sleep(self.poll)
@@ -340,7 +177,8 @@ class WarmRunner:
             idle = [w for w in self.workers.values() if w.busy is None] or list(self.workers.values())
             self._retire(min(idle, key=lambda w: w.last))
         parent, child = _FORK.Pipe()
-        proc = _FORK.Process(target=_worker_main, args=(child, self.endpoint, key[1], self.threads),
+        proc = _FORK.Process(target=W.worker_main,
+                             args=(child, self.endpoint, key[1], self.threads, _OWN_PACKAGE),
                              name=f"celgc-clientapp-run-{key[0]}", daemon=True)
         proc.start()
         child.close()
@@ -375,7 +213,7 @@ class WarmRunner:
         forever (its push loop) and serve no further message. Done in a short-lived fork, so
         that the runner itself never starts the threads Flower's object pulls use."""
         log(ERROR, "Warm ClientApp runner: %s; the message fails", details)
-        proc = _FORK.Process(target=_answer_failed, args=(self.endpoint, token, message, details), daemon=True)
+        proc = _FORK.Process(target=W.answer_failed, args=(self.endpoint, token, message, details), daemon=True)
         proc.start()
         proc.join(60)
         if proc.is_alive():
@@ -441,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         secret = load_superexec_auth_secret(args.superexec_auth_secret_file)
     except ValueError as exc:
         p.error(str(exc))
-    endpoint = Endpoint(args.runtime_api_address, args.insecure,
+    endpoint = W.Endpoint(args.runtime_api_address, args.insecure,
                         validate_and_resolve_root_certificates(args.root_certificates, args.insecure), secret)
     runner = WarmRunner(endpoint, poll_interval=args.poll_interval, max_workers=args.max_workers,
                         idle_exit=args.idle_exit, threads=args.threads or None, parent_pid=args.parent_pid)

@@ -29,7 +29,7 @@ from strategies.flower_api.strategy import ClippedSGDStrategy, flower_strategy
 from strategies.methods import method
 from strategies.methods.privacy import Privacy
 from tasks import cached_task, check_partitions, initial_model
-from tasks.config import RunConfig
+from tasks.config import RunConfig, shared_default_notes
 from tasks.device import pick_device
 from tasks.protocol import counts_rows, is_stateful, lr_scale_bound
 from tasks.runs.checkpoint import Checkpoint, restore_strategy, resume_point, split_client_records
@@ -220,6 +220,8 @@ def main(grid: Grid, context: Context) -> None:
     cfg = None
     try:
         cfg = RunConfig.from_app(dict(context.run_config))
+        for note in shared_default_notes(cfg, context.run_config):
+            log(INFO, "%s", note)
         run(grid, cfg)
     except Exception as exc:  # the cause (and fix) first, before Flower's traceback, naming the run's method
         what = "" if cfg is None else f" ({method(cfg.algorithm).label(cfg.local_steps)} on {cfg.task})"

@@ -80,8 +80,8 @@ def quick_object_pulls() -> None:
     function with a short first backoff and cap (``OBJECT_RETRY``, ``OBJECT_RETRY_CAP``), in this
     ServerApp process only (deployment; simulation pulls from memory). It fails loudly if a Flower
     version moves the function."""
-    from flwr.superlink.grid import http_grid
     from flwr.supercore.inflatable import inflatable_utils
+    from flwr.superlink.grid import http_grid
 
     current = http_grid.pull_objects
     if getattr(current, "keywords", {}).get("initial_backoff") == OBJECT_RETRY:
@@ -231,6 +231,9 @@ class WatchedGrid(Grid):
                 msg.metadata.ttl = float(timeout)
         dst = [m.metadata.dst_node_id for m in messages]
         stamps.mark("push", round=_round_of(messages[0]), messages=len(messages))
+        if stamps.enabled():  # what each node was sent, to compare a deployed run with its replay message by message
+            for msg in messages:
+                stamps.mark("sent", round=_round_of(msg), to=self.label(msg.metadata.dst_node_id), digest=_digest(msg))
         ids = list(self.inner.push_messages(messages))
         stamps.mark("pushed", round=_round_of(messages[0]))
         pending = {mid: node for mid, node in zip(ids, dst, strict=True) if mid}
@@ -250,6 +253,8 @@ class WatchedGrid(Grid):
                 if node is None:
                     continue
                 stamps.mark("reply", node=node)
+                if stamps.enabled():
+                    stamps.mark("received", round=sent_round.get(mid), frm=self.label(node), digest=_digest(reply))
                 got, clients = True, named.get(mid)
                 if reply.has_error():
                     self._fail(node, self._reason(reply, timeout), clients)
@@ -351,6 +356,21 @@ def _clients_of(msg: Message) -> list[int] | None:
         if isinstance(value, list):
             return [int(v) for v in value]
     return None
+
+
+def _digest(msg: Message) -> str:
+    """SHA-256 over the bytes of every array a message carries (its error, if it is one)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    if msg.has_error():
+        h.update(str(msg.error.reason).encode())
+        return h.hexdigest()[:16]
+    for name, record in sorted(msg.content.array_records.items()):
+        for key, array in record.items():
+            h.update(f"{name}/{key}".encode())
+            h.update(array.data)
+    return h.hexdigest()[:16]
 
 
 def _round_of(msg: Message) -> int | None:

@@ -6,7 +6,8 @@ a SuperNode would send. Nodes carry ``partition-id`` / ``num-partitions`` in the
 config, like simulated SuperNodes. Clients run one after another in this process, so a
 run costs only its computation: used by the offline demo (``simulations.demo``) and by
 fast end-to-end and parity tests. ``run_in_process(run_config)`` runs this project's
-ServerApp and ClientApp on such a grid.
+ServerApp and ClientApp on such a grid; ``FaultyGrid`` fails chosen clients in chosen rounds
+(the in-process twin of a deployment's faults: ``simulations.replay``).
 """
 
 from __future__ import annotations
@@ -84,6 +85,34 @@ class LoopbackGrid(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         return list(self.pull_messages(self.push_messages(messages)))
+
+
+class FaultyGrid(LoopbackGrid):
+    """Loopback grid where partition p fails in the rounds ``failures[p]``: its train reply is
+    an error (a crashed ClientApp) or, with ``silent``, never comes (a dead or hung host)."""
+
+    def __init__(self, *args, failures: dict[int, set[int]], silent: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.failures = failures
+        self.silent = silent
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = []
+        for msg in messages:
+            self.sent.append(msg)
+            pid = self.nodes[msg.metadata.dst_node_id].get("partition-id")
+            if msg.metadata.message_type == "train" and \
+                    int(msg.content["config"]["server-round"]) in self.failures.get(pid, ()):
+                msg.metadata.__dict__["_message_id"] = str(uuid4())
+                if not self.silent:
+                    reply = Message(Error(code=0, reason="ClientApp crashed"), reply_to=msg)
+                    reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
+                    self._replies[msg.metadata.message_id] = reply
+            else:
+                reply = self._deliver(msg)  # sets the message id
+                self._replies[msg.metadata.message_id] = reply
+            ids.append(msg.metadata.message_id)
+        return ids
 
 
 def run_server_app(server_app, grid: LoopbackGrid) -> None:

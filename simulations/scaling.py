@@ -70,7 +70,7 @@ def _cell(s: Summary, reached: int, n: int) -> str:
 
 def table(rows: Sequence[dict[str, Any]], target: float, key: str) -> str:
     pct = 100.0 if key.endswith("accuracy") else 1.0
-    lines = [f"| setting | method | I | N | η, γ | seeds | final test: mean [95 % interval] | target | rounds to target "
+    lines = ["| setting | method | I | N | η, γ | seeds | final test: mean [95 % interval] | target | rounds to target "
              "| local steps to target | steps clipped |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         f = r["final"]

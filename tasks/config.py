@@ -147,10 +147,8 @@ class RunConfig:
     @classmethod
     def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
         """Read ``[tool.flwr.app.config]`` of a pyproject.toml (or a file of run-config keys), ``overrides`` winning."""
-        data = tomllib.loads(Path(path).read_text())
-        app = data.get("tool", {}).get("flwr", {}).get("app", {}).get("config")
-        values = flatten(app if app is not None else data)
-        return cls.from_mapping({**values, **flatten(overrides or {})}, declared=values if app is not None else ())
+        values, app = _toml_keys(path)
+        return cls.from_mapping({**values, **flatten(overrides or {})}, declared=values if app else ())
 
     def to_mapping(self) -> dict[str, Any]:
         """The config as run-config keys and TOML-friendly values (logged with results)."""
@@ -221,6 +219,19 @@ class RunConfig:
     def hyper(self) -> Hyper:
         """The training hyper-parameters (``strategies.core.settings.Hyper``)."""
         return Hyper(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Hyper)})
+
+
+def toml_values(path: str | Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run-config keys of ``[tool.flwr.app.config]`` of a pyproject.toml (or a file of run-config
+    keys), flattened (``<name>.<key>``), ``overrides`` winning: what ``RunConfig.from_toml`` parses."""
+    return {**_toml_keys(path)[0], **flatten(overrides or {})}
+
+
+def _toml_keys(path: str | Path) -> tuple[dict[str, Any], bool]:
+    """A TOML file's run-config keys, flattened, and whether they are an app's ``[tool.flwr.app.config]``."""
+    data = tomllib.loads(Path(path).read_text())
+    app = data.get("tool", {}).get("flwr", {}).get("app", {}).get("config")
+    return flatten(app if app is not None else data), app is not None
 
 
 def task_label(task: str) -> str:
@@ -345,6 +356,31 @@ def _complete(c: RunConfig) -> None:
             object.__setattr__(c, f.name, getattr(hyper, f.name))
     parsed = chosen.parse_options(dict(c.options), prefix=f"{chosen.name}.")
     object.__setattr__(c, "options", tuple((k, getattr(parsed, f.name)) for k, f in chosen.own_keys().items()))
+
+
+def shared_default_notes(cfg: RunConfig, values: Mapping[str, Any], explicit: Collection[str] | None = None) -> list[str]:
+    """One line for each shared key whose value the chosen method's own default replaced (``Algorithm.
+    shared_defaults``: ``algorithm = "scaffold"`` with ``clip = 0.3`` runs unclipped). ``cfg``: the run
+    config parsed from ``values``, its keys; ``explicit``: the keys the user set (the engine's overrides):
+    only those are named, as set explicitly. None: not known (a ServerApp gets every key, defaults
+    included): every replacement is named, said to be set or left at the shared default."""
+    fields = {f.metadata["key"]: f for f in dataclasses.fields(RunConfig) if f.metadata["key"] is not None}
+    notes = []
+    for key in method(cfg.algorithm).shared_defaults:
+        if key not in values or key not in fields or (explicit is not None and key not in explicit):
+            continue
+        given, used = _coerce(key, fields[key].type, values[key]), getattr(cfg, fields[key].name)
+        if given == used:
+            continue
+        how = "set explicitly" if explicit is not None else "set in the run config, or left at the shared default"
+        notes.append(f"algorithm {cfg.algorithm!r} runs with {key} = {_shown(key, used)}, its own default: the run's "
+                     f"{key} = {_shown(key, given)} ({how}) equals the shared default, which a method's own default "
+                     "replaces")
+    return notes
+
+
+def _shown(key: str, value: Any) -> str:
+    return "off" if key == "clip" and isinstance(value, float) and math.isinf(value) else f"{value!r}"
 
 
 def _coerce(key: str, typ: Any, value: Any) -> Any:

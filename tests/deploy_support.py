@@ -1,21 +1,20 @@
 """Shared by tests/test_deploy_*.py: the run config of deployed test runs and the
 in-process reference (the real ServerApp and ClientApp on the loopback grid: the code
-path of a simulation, without Ray) they must match bit for bit."""
+path of a simulation, without Ray) they must match bit for bit; ``FaultyGrid`` (planted
+failures) lives in ``simulations.loopback``."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
 from pathlib import Path
-from uuid import uuid4
 
 import pytest
 import torch
-from flwr.app import Error, Message
 
 from client.app import app as client_app
 from server.app import app as server_app
-from simulations.loopback import LoopbackGrid, run_server_app
+from simulations.loopback import FaultyGrid, run_server_app
 from tasks.config import RunConfig
 from tasks.runs.results import load_weights
 
@@ -24,34 +23,6 @@ DEPLOY_CONFIG = {"num-clients": 2, "num-rounds": 2, "local-steps": 2, "batch-siz
                  "node-wait": 60.0, "round-timeout": 90.0}
 
 needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
-
-
-class FaultyGrid(LoopbackGrid):
-    """Loopback grid where partition p fails in the rounds ``failures[p]``: its train reply is
-    an error (a crashed ClientApp) or, with ``silent``, never comes (a dead or hung host)."""
-
-    def __init__(self, *args, failures: dict[int, set[int]], silent: bool = False, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.failures = failures
-        self.silent = silent
-
-    def push_messages(self, messages):
-        ids = []
-        for msg in messages:
-            self.sent.append(msg)
-            pid = self.nodes[msg.metadata.dst_node_id].get("partition-id")
-            if msg.metadata.message_type == "train" and \
-                    int(msg.content["config"]["server-round"]) in self.failures.get(pid, ()):
-                msg.metadata.__dict__["_message_id"] = str(uuid4())
-                if not self.silent:
-                    reply = Message(Error(code=0, reason="ClientApp crashed"), reply_to=msg)
-                    reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
-                    self._replies[msg.metadata.message_id] = reply
-            else:
-                reply = self._deliver(msg)  # sets the message id
-                self._replies[msg.metadata.message_id] = reply
-            ids.append(msg.metadata.message_id)
-        return ids
 
 
 def reference_run(folder: Path, failures: dict[int, set[int]] | None = None, **overrides) -> Path:

@@ -65,7 +65,7 @@ def main(grid: Grid, context: Context) -> None:
     print("FCLI-PROBE serverapp started", flush=True)
     if cfg["fail"]:
         raise RuntimeError("FCLI-PROBE intentional failure")
-    strategy = FedAvg(fraction_evaluate=0.0, min_train_nodes=3, min_available_nodes=3)  # all 3 SuperNodes: no race with their start
+    strategy = FedAvg(fraction_evaluate=0.0, min_train_nodes=3, min_available_nodes=3)  # all 3: no race with their start
     result = strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord([np.zeros(3, dtype=np.float64)]),

@@ -15,7 +15,7 @@ from simulations.loopback import LoopbackGrid, run_server_app
 from tasks.config import RunConfig
 from tasks.runs.results import load_weights, read_results
 
-I, GAMMA, M = 3, 0.3, 4
+I, GAMMA, M = 3, 0.3, 4  # noqa: E741 -- the paper's I (local steps)
 VALUES = {"num-clients": M, "num-rounds": 2, "local-steps": I, "clip": GAMMA, "batch-size": 16, "device": "cpu",
           "node-wait": 2.0}
 

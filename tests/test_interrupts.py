@@ -86,7 +86,8 @@ def test_the_engine_cli_stops_with_one_line_and_the_resume_command(tmp_path, sig
 
 def test_the_runner_stops_its_pool_with_one_line_and_the_same_command_goes_on(tmp_path):
     sweep = tmp_path / "sw.toml"
-    sweep.write_text("\n".join(f"{k} = {json.dumps(v)}" for k, v in {**RUN, "num-rounds": 20, "valid-fraction": 0.1, "run-name": "sw"}.items())
+    keys = {**RUN, "num-rounds": 20, "valid-fraction": 0.1, "run-name": "sw"}
+    sweep.write_text("\n".join(f"{k} = {json.dumps(v)}" for k, v in keys.items())
                      + "\n\n[sweep]\nlr = [0.05, 0.1]\nseeds = 1\n")
     cmd = [sys.executable, "-m", "simulations.runner", str(sweep), "--backend", "engine", "--results-dir",
            str(tmp_path / "res"), "--jobs", "2"]

@@ -7,8 +7,7 @@ import json
 
 import pytest
 
-from server.memory import (CLIENT_MODEL, LINK_DOWN, LINK_UP, NODE_COPIES, REPLY, SERVER_MODEL, MemoryPlanError,
-                           check, needs)
+from server.memory import CLIENT_MODEL, LINK_DOWN, LINK_UP, NODE_COPIES, REPLY, SERVER_MODEL, MemoryPlanError, check, needs
 from simulations.loopback import run_in_process
 from tasks.host import available_memory, host_id, parse_bytes
 

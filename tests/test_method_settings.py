@@ -208,6 +208,46 @@ def test_a_method_sets_its_defaults_for_shared_keys():
     assert math.isinf(METHODS["scaffold"].with_shared_defaults(RunConfig().hyper).clip)
 
 
+def test_a_shared_value_the_method_replaces_is_said(tmp_path, caplog):
+    """algorithm = "scaffold" with clip = 0.3 (the shared default) runs unclipped: the engine names an
+    explicit clip = 0.3 (a warning), the ServerApp, which cannot tell set from default, names the
+    replacement in its log; nothing is said where nothing is replaced."""
+    import logging
+
+    from simulations.engine.run import parse
+    from simulations.loopback import run_in_process
+    from tasks.config import shared_default_notes
+
+    def notes(values, **kw):
+        return shared_default_notes(RunConfig.from_mapping(values), values, **kw)
+
+    values = {**RunConfig().to_mapping(), "algorithm": "scaffold"}
+    line = ("algorithm 'scaffold' runs with clip = off, its own default: the run's clip = 0.3 ({}) equals the shared "
+            "default, which a method's own default replaces")
+    assert notes(values) == [line.format("set in the run config, or left at the shared default")]
+    assert notes(values, explicit={"clip", "algorithm"}) == [line.format("set explicitly")]
+    assert notes(values, explicit={"algorithm"}) == []  # left at the default: nothing to say
+    assert notes({**values, "algorithm": "celgc"}) == []
+    assert notes({**values, "algorithm": "local-sgd"})[0].startswith("algorithm 'local-sgd' runs with clip = off")
+    with caplog.at_level(logging.WARNING, logger="simulations.engine"):
+        cfg, _, _ = parse(["--config", str(ROOT / "pyproject.toml"), "--run-config", "algorithm='scaffold' clip=0.3"])
+    assert math.isinf(cfg.clip) and line.format("set explicitly") in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="simulations.engine"):
+        parse(["--config", str(ROOT / "pyproject.toml"), "--run-config", "algorithm='scaffold'"])
+    assert "runs with clip" not in caplog.text
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # flwr's logger does not propagate
+    logging.getLogger("flwr").addHandler(handler)
+    try:
+        run_in_process({"algorithm": "scaffold", "num-clients": 2, "num-rounds": 1, "local-steps": 1,
+                        "results-dir": str(tmp_path), "run-name": "s"})
+    finally:
+        logging.getLogger("flwr").removeHandler(handler)
+    assert line.format("set in the run config, or left at the shared default") in seen
+
+
 def test_pyproject_lists_every_own_key_at_its_default():
     from tasks.overrides import flatten
 

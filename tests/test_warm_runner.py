@@ -8,7 +8,10 @@ them by default.
 * a ClientApp that raises fails that message only (the round records it, the worker serves
   the next round); a worker that dies fails its message (the runner answers it with an Error
   reply naming the exit code) and the next round gets a new worker;
-* SIGTERM to a SuperNode's script stops the SuperNode, the runner and its workers.
+* SIGTERM to a SuperNode's script stops the SuperNode, the runner and its workers;
+* the SuperNode and its runner share a fresh SuperExec secret (mode 600, removed at the end): an
+  ``AcquireTask`` without it, or with another, is refused, so no other process of the host takes
+  the node's tasks.
 
 The deployed ClientApps run one torch thread each (``--threads 1``), as the engine here
 (conftest): results depend on the thread count, so the comparison pins it.
@@ -19,7 +22,9 @@ from __future__ import annotations
 import os
 import re
 import signal
+import stat
 import time
+from pathlib import Path
 
 import pytest
 from deploy_support import DEPLOY_CONFIG, assert_same_weights, needs_openssl
@@ -133,12 +138,57 @@ def test_sigterm_stops_the_supernode_its_runner_and_workers(tmp_path):
         assert len(workers(node)) == 1
         tree = {pid: cmdline(pid) for pid in process_tree([node.pid])}
         assert any("warm_runner.py" in c for c in tree.values()) and any("flower-supernode" in c for c in tree.values())
+        secret, address = connected_by_a_secret(tree)
         os.kill(node.pid, signal.SIGTERM)  # the script only: it must stop what it started
         assert node.wait_exit(30) == 143
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and any(_alive(pid) for pid in tree):
             time.sleep(0.2)
         assert not [cmd for pid, cmd in tree.items() if _alive(pid)]
+        assert not secret.exists() and not secret.parent.exists()  # the script's fresh secret went with it
+
+
+def connected_by_a_secret(tree: dict[int, str]) -> tuple[Path, str]:
+    """The runner and the SuperNode name the same secret file (600, 32 random bytes); AcquireTask on the
+    node's Runtime API is refused without it and with another one, and answered with it. (The secret
+    file, the Runtime API address.)"""
+    import httpx
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor, SuperExecAuthHttpInterceptor
+    from flwr.supercore.retry.retry_invoker import RetryInvoker
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    from client.warm_runner import load_worker
+
+    named = {re.search(r"--superexec-auth-secret-file (\S+)", c).group(1) for c in tree.values()
+             if ("warm_runner.py" in c or "flower-supernode" in c) and "--superexec-auth-secret-file" in c}
+    assert len(named) == 1, tree
+    secret = Path(named.pop())
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600 and len(secret.read_bytes()) == 32
+    address = next(re.search(r"--runtime-api-address (\S+)", c).group(1) for c in tree.values() if "warm_runner.py" in c)
+    worker = load_worker()
+    request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
+    for key in (None, b"not the secret, 32 bytes long..."):  # a stranger on the host
+        interceptors = [RuntimeVersionHttpInterceptor(component_name="SuperExec")]
+        if key is not None:
+            interceptors.append(SuperExecAuthHttpInterceptor(master_secret=key, protected_methods=frozenset(
+                {"/flwr.proto.Runtime/AcquireTask"})))
+        # no retries: Flower's own invoker answers a 401 by sending SIGINT to its process
+        once = RetryInvoker(lambda: iter(()), (), max_tries=1, max_time=None)
+        client = RuntimeHttpClient.from_server_address(server_address=address, insecure=True, root_certificates=None,
+                                                       interceptors=interceptors, retry_invoker=once)
+        try:
+            with pytest.raises(httpx.HTTPStatusError, match="401 Unauthorized"):
+                client.AcquireTask(request)
+        finally:
+            client.close()
+    client = worker.Endpoint(address, True, None, secret.read_bytes()).client(max_tries=1)
+    try:
+        assert not client.AcquireTask(request).token  # answered: no task waits (the run is over)
+    finally:
+        client.close()
+    return secret, address
 
 
 def cmdline(pid: int) -> str:

@@ -5,7 +5,7 @@
 #                           (--partition I --num-partitions N | --local-data DIR)
 #                           [--port PORT] [--rejoin-retries K] [--rejoin-delay S]
 #                           [--isolation warm|subprocess] [--threads N|auto]
-#                           [--insecure] [-- EXTRA flower-supernode ARGS]
+#                           [--superexec-auth-secret-file FILE] [--insecure] [-- EXTRA flower-supernode ARGS]
 #
 #   --superlink HOST:PORT   the SuperLink (a name or IP in its certificate's subjectAltName)
 #   --ca FILE               the deployment's ca.crt
@@ -29,11 +29,15 @@
 #   --threads N|auto        torch threads of a ClientApp (default auto: the host's cores divided
 #                           by the SuperNodes running on it, at least 1, counted at the node's
 #                           first message of a run and kept for the run: results depend on it)
+#   --superexec-auth-secret-file FILE
+#                           warm: the SuperNode's SuperExec secret, given to it and to the runner: only
+#                           a process holding it acquires the node's tasks (default: a fresh random one
+#                           per start, readable by this user only, removed when the script ends)
 #   --insecure              no TLS, no authentication (needs a SuperLink started --insecure)
 set -euo pipefail
 
 superlink="" ca="" key="" partition="" num="" local_data="" port=9094 retries=0 delay=15 insecure=0 extra=()
-isolation=warm threads=auto
+isolation=warm threads=auto secret=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --superlink) superlink="$2"; shift 2 ;;
@@ -47,9 +51,10 @@ while [[ $# -gt 0 ]]; do
     --rejoin-delay) delay="$2"; shift 2 ;;
     --isolation) isolation="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
+    --superexec-auth-secret-file) secret="$2"; shift 2 ;;
     --insecure) insecure=1; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "start_supernode.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -59,6 +64,7 @@ for v in port retries delay; do [[ "${!v}" =~ ^[0-9]+$ ]] || die "--${v/retries/
 [[ -z "$partition" || "$partition" =~ ^[0-9]+$ ]] || die "--partition must be an integer >= 0, got $partition"
 [[ "$isolation" == warm || "$isolation" == subprocess ]] || die "--isolation must be warm or subprocess, got $isolation"
 [[ "$threads" == auto || "$threads" =~ ^[1-9][0-9]*$ ]] || die "--threads must be an integer >= 1 or auto, got $threads"
+[[ -z "$secret" || ( $isolation == warm && -s "$secret" ) ]] || die "--superexec-auth-secret-file needs --isolation warm and a non-empty file, got $secret"
 
 node_config=""
 if [[ -n "$local_data" ]]; then
@@ -93,6 +99,13 @@ python="$(dirname "$(command -v "$bin")")/python"
 [[ -x "$python" ]] || python=python3
 runner_py="$(cd "$(dirname "$0")/../.." && pwd)/client/warm_runner.py"  # run as a file: it imports nothing of the project
 [[ $isolation == subprocess || -f "$runner_py" ]] || die "--isolation warm needs $runner_py (this project's checkout)"
+secret_dir=""
+trap '[[ -z "$secret_dir" ]] || rm -rf "$secret_dir"' EXIT
+if [[ $isolation == warm && -z "$secret" ]]; then  # a fresh SuperExec secret: only this node's runner acquires its tasks
+  secret_dir="$(mktemp -d "${TMPDIR:-/tmp}/celgc-supernode.XXXXXX")"
+  secret="$secret_dir/superexec-secret"
+  (umask 077 && head -c 32 /dev/urandom > "$secret")
+fi
 
 # One SuperNode (and, warm, its runner) at a time; flower-supernode exits 1 on errors (e.g.
 # "Failed to activate SuperNode"), 0 or 128+N when asked to stop: only 1 is retried.
@@ -118,8 +131,9 @@ trap 'stop_all; exit 143' TERM
 trap 'stop_all; exit 130' INT
 for ((attempt = 0; ; attempt++)); do
   if [[ $isolation == warm ]]; then
-    "$bin" --isolation process "${args[@]}" "${extra[@]}" & node=$!
-    "$python" "$runner_py" --runtime-api-address "127.0.0.1:$port" --insecure --parent-pid "$node" & runner=$!
+    "$bin" --isolation process --superexec-auth-secret-file "$secret" "${args[@]}" "${extra[@]}" & node=$!
+    "$python" "$runner_py" --runtime-api-address "127.0.0.1:$port" --insecure --parent-pid "$node" \
+      --superexec-auth-secret-file "$secret" & runner=$!
   else
     "$bin" "${args[@]}" "${extra[@]}" & node=$!
   fi

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist

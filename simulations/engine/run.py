@@ -57,7 +57,8 @@ from strategies.methods.executors.options import split_engine_keys
 from strategies.methods.privacy import Privacy
 from strategies.methods.reduce import ClientResults
 from tasks import cached_task, check_partitions, initial_model, partitions
-from tasks.config import RunConfig
+from tasks.config import RunConfig, shared_default_notes
+from tasks.config import toml_values as cfg_values
 from tasks.device import pick_device
 from tasks.overrides import parse_overrides
 from tasks.protocol import Task, draw_batches, example_counter, is_stateful, lr_scale_bound, training_loss
@@ -328,6 +329,8 @@ def parse(argv: Sequence[str] | None = None) -> tuple[RunConfig, EngineOptions, 
     args = parser.parse_args(argv)
     run_keys, engine_keys = split_engine_keys(parse_overrides(args.run_config))
     cfg = RunConfig.from_toml(args.config, run_keys)
+    for note in shared_default_notes(cfg, cfg_values(args.config, run_keys), explicit=run_keys):
+        log.warning("%s", note)
     if not cfg.run_name:
         cfg = RunConfig.from_mapping({**cfg.to_mapping(), "run-name": cfg.folder_name()})
     return cfg, EngineOptions.from_mapping(engine_keys), args.quiet

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..interrupt import Stopped, command_line, report, stoppable
-from .cli import FlowerCliError, RunFailed, app_config, run_app, run_config_values
+from .cli import FlowerCliError, RunFailed, app_config, run_app, run_app_with_restarts, run_config_values
 from .local import local_log_file, stop_local_superlink
 from .processes import strip_ansi
 from .superlink import ExistingSuperLink, LocalSuperLink, SuperLinkLike, SuperLinkStartError
@@ -74,14 +74,24 @@ def _run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--deployment", action="store_true", help="start the local SuperLink without --simulation")
     parser.add_argument("--keep-home", action="store_true", help="keep FLWR_HOME (logs)")
     parser.add_argument("--quiet", action="store_true", help="do not print the run log")
+    parser.add_argument("--restarts", type=int, default=0,
+                        help="submit a run that failed again with resume=true, up to N times, on the same SuperLink "
+                             "(needs a fixed run-name; the policy of server/deploy/submit.sh --restarts)")
+    parser.add_argument("--restart-delay", type=float, default=10.0, help="seconds before a restart (default 10)")
     return parser
 
 
 def run_main(argv: Sequence[str]) -> int:
-    ns = _run_parser().parse_args(argv)
+    parser = _run_parser()
+    ns = parser.parse_args(argv)
+    if ns.restarts < 0 or ns.restart_delay < 0:
+        parser.error(f"--restarts and --restart-delay must be >= 0, got {ns.restarts} and {ns.restart_delay}")
     try:  # the keys before anything starts, the values (this project's app) while the SuperLink starts
-        values = ValueCheck(Path(ns.app_dir), run_config_values(Path(ns.app_dir).expanduser().resolve(),
-                                                                ns.run_config or None))
+        overrides = run_config_values(Path(ns.app_dir).expanduser().resolve(), ns.run_config or None)
+        if ns.restarts and not str(overrides.get("run-name") or ""):
+            raise ValueError("--restarts needs a fixed run-name (--run-config \"run-name='NAME'\"): a restart resumes "
+                             "that folder")
+        values = ValueCheck(Path(ns.app_dir), overrides)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -89,6 +99,10 @@ def run_main(argv: Sequence[str]) -> int:
 
     def go(sl: SuperLinkLike) -> dict[str, Any]:
         values.result()
+        if ns.restarts:
+            return run_app_with_restarts(ns.app_dir, ns.run_config or None, ns.federation_config or None, ns.timeout,
+                                         superlink=sl, restarts=ns.restarts, restart_delay=ns.restart_delay,
+                                         say=lambda line: print(f"{PROG}: {line}", file=sys.stderr))
         return run_app(ns.app_dir, ns.run_config or None, ns.federation_config or None, ns.timeout, superlink=sl)
 
     try:

@@ -26,19 +26,19 @@ from typing import Any
 import tomllib
 
 from server.deploy.cli_json import parse_cli_json
+from server.deploy.restarts import FAILED_MARK, fab_hash, failure_cause, stop_reason
 from tasks.overrides import parse_overrides
 
 from .processes import exe, stop, strip_ansi, tail
 from .superlink import LocalSuperLink, SuperLinkLike
 
-__all__ = ["STATUS_COMPLETED", "STATUS_FAILED", "STATUS_STOPPED", "FlowerCliError", "RunFailed", "RunTimeout",
-           "fetch_logs", "flwr_json", "format_overrides", "is_finished", "parse_cli_json", "prepare_run_config",
-           "run_app", "run_status", "stop_run", "submit_run", "wait_for_run"]
+__all__ = ["FAILED_MARK", "STATUS_COMPLETED", "STATUS_FAILED", "STATUS_STOPPED", "FlowerCliError", "RunFailed", "RunTimeout",
+           "failure_cause", "fetch_logs", "flwr_json", "format_overrides", "is_finished", "parse_cli_json", "prepare_run_config",
+           "run_app", "run_app_with_restarts", "run_status", "stop_run", "submit_run", "wait_for_run"]
 
 STATUS_COMPLETED = "finished:completed"
 STATUS_FAILED = "finished:failed"
 STATUS_STOPPED = "finished:stopped"
-FAILED_MARK = "celgc run failed"  # server.app.FAILED_MARK (not imported: simulations.flower runs any app)
 _KEY_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -63,14 +63,6 @@ class RunFailed(RuntimeError):
         if logs_tail:
             msg += f"\n--- last log lines ---\n{logs_tail}"
         super().__init__(msg)
-
-
-def failure_cause(logs: str) -> str:
-    """The one-line cause the ServerApp logged (``celgc run failed (<method> on <task>): ...``), or ""."""
-    for line in reversed(strip_ansi(logs).splitlines()):
-        if FAILED_MARK in line:
-            return line[line.index(FAILED_MARK):].strip()
-    return ""
 
 
 class RunTimeout(RunFailed):
@@ -372,3 +364,52 @@ def run_app(app_dir: str | os.PathLike[str], run_config: Mapping[str, Any] | Seq
         raise RunFailed(run_id, status, tail(run["logs"], log_tail_lines), str(run.get("status-details", "")),
                         failure_cause(run["logs"]))
     return run
+
+
+def run_app_with_restarts(app_dir: str | os.PathLike[str], run_config: Mapping[str, Any] | Sequence[str] | None,
+                          federation_config: Mapping[str, Any] | Sequence[str] | None, timeout: float, *,
+                          superlink: SuperLinkLike, restarts: int, restart_delay: float = 10.0,
+                          say: Any = print) -> dict[str, Any]:
+    """``run_app`` on ``superlink``; a run that failed is submitted again with ``resume=true``, up to
+    ``restarts`` times, by the policy of ``submit.sh --restarts`` (``server.deploy.restarts``: not a
+    stopped run, a refused config, a run that cannot resume, the same failure twice, a changed app).
+    ``say(line)`` is told each restart with its cause. The last RunFailed is raised with the reason."""
+    app = Path(app_dir).expanduser().resolve()
+    if restarts < 0:
+        raise ValueError(f"restarts must be an integer >= 0, got {restarts}")
+    if restarts and not str(run_config_values(app, run_config).get("run-name") or ""):
+        raise ValueError("--restarts needs a fixed run-name (--run-config \"run-name='NAME'\"): a restart resumes "
+                         "that folder")
+    deadline = time.monotonic() + timeout
+    config, previous, first = run_config, None, None
+    for attempt in range(restarts + 1):
+        try:
+            return run_app(app, config, federation_config, max(1.0, deadline - time.monotonic()), superlink=superlink)
+        except RunTimeout:
+            raise
+        except RunFailed as exc:
+            cause = exc.cause or (f"{exc.status}: {exc.details}" if exc.details and exc.details != "N/A" else exc.status)
+            why = stop_reason(exc.status, cause, previous)
+            if why is None and attempt < restarts:
+                first = first or _recorded_fab_hash(exc.run_id, superlink)
+                now = fab_hash(app)
+                if first and not now.startswith(first):
+                    why = (f"the app's code changed since its first run was submitted (FAB {first[:8]}, now "
+                           f"{now[:8]}): resume by hand with resume=true if that is intended")
+            if why is not None or attempt == restarts:
+                say(f"not restarted: {why or f'all {restarts} restart(s) used ({cause})'}")
+                raise
+            say(f"restart {attempt + 1}/{restarts} of run {exc.run_id} ({exc.status}): {cause}; submitting it again "
+                f"with resume=true in {restart_delay:g} s")
+            previous = cause
+            config = [*format_overrides(run_config), "resume=true"]
+            time.sleep(restart_delay)
+    raise AssertionError("unreachable")
+
+
+def _recorded_fab_hash(run_id: int, superlink: SuperLinkLike) -> str:
+    """The FAB hash Flower recorded for the run ("" when it cannot say)."""
+    try:
+        return str(run_status(run_id, superlink).get("fab-hash") or "")
+    except FlowerCliError:
+        return ""

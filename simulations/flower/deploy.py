@@ -226,27 +226,31 @@ class Deployment:
         self.nodes[i] = proc
         return proc
 
-    def _submit_cmd(self, run_config: Mapping[str, Any] | Sequence[str], timeout: float, app: Path) -> list[str]:
+    def _submit_cmd(self, run_config: Mapping[str, Any] | Sequence[str], timeout: float, app: Path,
+                    restarts: int = 0, restart_delay: float = 10.0) -> list[str]:
+        more = ["--restarts", str(int(restarts)), "--restart-delay", f"{restart_delay:g}"] if restarts else []
         return [*self.operator.command_prefix, "bash", str(DEPLOY / "submit.sh"), "--app", str(app),
-                "--connection", self.operator.connection, "--timeout", str(int(timeout)), "--poll", "1",
+                "--connection", self.operator.connection, "--timeout", str(int(timeout)), "--poll", "1", *more,
                 "--run-config", " ".join(format_overrides(run_config))]
 
     def submit(self, run_config: Mapping[str, Any] | Sequence[str], timeout: float = 300,
-               app: Path = REPO) -> tuple[int, str, dict]:
-        """submit.sh: (exit status, output, the run's final record or {})."""
+               app: Path = REPO, restarts: int = 0, restart_delay: float = 10.0) -> tuple[int, str, dict]:
+        """submit.sh: (exit status, output, the last run's final record or {}); ``restarts``: submit.sh
+        --restarts (a run that failed or whose ServerApp died is resumed, up to that many times)."""
         env = self._env(self.operator.home)
         try:
-            res = subprocess.run(self._submit_cmd(run_config, timeout, app), capture_output=True, text=True,
-                                 timeout=timeout + 90, env=env, cwd=self.operator.home, start_new_session=True)
+            res = subprocess.run(self._submit_cmd(run_config, timeout, app, restarts, restart_delay),
+                                 capture_output=True, text=True, timeout=timeout + 90, env=env, cwd=self.operator.home,
+                                 start_new_session=True)
         except subprocess.TimeoutExpired as exc:
             raise DeployError(f"submit.sh did not return within {timeout + 90:g} s") from exc
         return res.returncode, res.stdout + res.stderr, last_record(res.stdout)
 
     def submit_in_background(self, run_config: Mapping[str, Any] | Sequence[str], timeout: float = 300,
-                             app: Path = REPO) -> Proc:
+                             app: Path = REPO, restarts: int = 0, restart_delay: float = 10.0) -> Proc:
         """submit.sh as a process (stopped with the deployment); ``last_record(proc.output())``."""
         name = f"submit-{len(self.procs)}"
-        proc = Proc(name, self._submit_cmd(run_config, timeout, app), cwd=self.operator.home,
+        proc = Proc(name, self._submit_cmd(run_config, timeout, app, restarts, restart_delay), cwd=self.operator.home,
                     env=self._env(self.operator.home), log=self.root / f"{name}.log")
         self.procs.append(proc)
         return proc
@@ -288,7 +292,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="SuperLink on loopback, SuperNodes through nginx (start_proxy.sh): Fleet API only")
     parser.add_argument("--keep", help="keep the deployment's files in this folder")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--restarts", type=int, default=0,
+                        help="submit.sh --restarts: resume a run that failed or whose ServerApp died, up to N times")
     ns = parser.parse_args(argv)
+    if ns.restarts < 0:
+        parser.error(f"--restarts must be an integer >= 0, got {ns.restarts}")
     root = Path(ns.keep) if ns.keep else Path(tempfile.mkdtemp(prefix="celgc-deploy-"))
     overrides = [f"num-clients={ns.nodes}", f"results-dir='{root / 'results'}'", "run-name='demo'", ns.run_config]
     try:
@@ -299,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for i in range(ns.nodes):
                 d.register(i)
                 d.start_supernode(i, partition=i, num_partitions=ns.nodes)
-            code, out, _ = d.submit(overrides, ns.timeout)
+            code, out, _ = d.submit(overrides, ns.timeout, restarts=ns.restarts)
             print(out)
             return code
     finally:

@@ -18,6 +18,11 @@ import time
 ENV = "CELGC_STAMPS"
 
 
+def enabled() -> bool:
+    """Whether marks are written (``$CELGC_STAMPS`` is set): for marks that cost more than a lookup."""
+    return bool(os.environ.get(ENV))
+
+
 def mark(event: str, **fields: object) -> None:
     """Append ``event`` with the current time to ``$CELGC_STAMPS`` (nothing when unset)."""
     path = os.environ.get(ENV)
