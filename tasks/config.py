@@ -260,7 +260,9 @@ def shared_keys() -> list[str]:
 def comparable(config: Mapping[str, Any]) -> dict[str, Any]:
     """A recorded run config (a results header's, a checkpoint's) in today's keys, to compare two
     runs: the running method's own keys scoped (records written before keys were scoped hold them
-    bare: ``server-momentum``), other methods' keys left out (at their defaults, read by no run)."""
+    bare: ``server-momentum``), other methods' keys left out (at their defaults, read by no run), and
+    a shared key the record lacks at its default (a key added after the record was written: every
+    new key's default is the behaviour before it, e.g. ``transport = "float32"``)."""
     values = flatten(config)
     algorithm = values.get("algorithm", RunConfig.algorithm)
     try:
@@ -278,7 +280,8 @@ def comparable(config: Mapping[str, Any]) -> dict[str, Any]:
                 out[f"{chosen.name}.{key}"] = value
         elif not (dot and scope in methods and (chosen is None or scope != chosen.name)):
             out[key] = value
-    return out
+    defaults = RunConfig().to_mapping()
+    return {**{k: defaults[k] for k in shared if k in defaults and k not in out}, **out}
 
 
 def _own_settings(values: dict[str, Any], algorithm: str, chosen: Any, shared: list[str],

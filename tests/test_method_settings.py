@@ -198,6 +198,13 @@ def test_a_run_recorded_with_bare_keys_compares_equal():
     assert comparable({**old, "server-momentum": 0.5}) != comparable(now)
 
 
+def test_a_record_from_before_a_key_existed_compares_at_its_default():
+    now = RunConfig().to_mapping()
+    before = {k: v for k, v in now.items() if k not in ("transport", "node-aggregation")}
+    assert comparable(before) == comparable(now)  # a sweep or checkpoint of then still counts
+    assert comparable(before) != comparable({**now, "transport": "bfloat16"})  # ... unless the key is set
+
+
 def test_a_method_sets_its_defaults_for_shared_keys():
     """SCAFFOLD and local SGD take unclipped steps: clip is off unless the run sets it."""
     assert math.isinf(RunConfig.from_mapping({"algorithm": "scaffold"}).clip)
