@@ -291,10 +291,13 @@ def rss_growth(rss: dict[int, dict[str, Any]], start: int, warmup: int, span: in
     return sorted(out, key=lambda e: -e["growth"])
 
 
-def message_differences(deployed: Path, replayed: Path, limit: int = 20) -> list[dict[str, Any]]:
+def message_differences(deployed: Path, replayed: Path, missed: dict[int, set[int]] | None = None,
+                        limit: int = 20) -> list[dict[str, Any]]:
     """The messages (round, direction, partition) whose arrays differ between the deployed run and its
     replay, from the ServerApp's digests (``server.faults``: ``sent`` / ``received`` stamps; of a round
-    redone after a restart, the last). Error replies and messages to offline clients have no twin."""
+    redone after a restart, the last). Error replies and messages to offline clients have no twin: a
+    client's messages of a round the rows name it failed in (``missed``) are not compared."""
+    failed = {(r, str(p)) for p, rounds in (missed or {}).items() for r in rounds}
     def table(path: Path) -> dict[tuple, str]:
         out = {}
         for m in stamps.read(path) if path.exists() else []:
@@ -303,7 +306,7 @@ def message_differences(deployed: Path, replayed: Path, limit: int = 20) -> list
         return out
     a, b = table(deployed), table(replayed)
     diff = [{"round": k[0], "message": k[1], "partition": k[2], "deployed": a[k], "replay": b[k]}
-            for k in sorted(set(a) & set(b)) if a[k] != b[k]]
+            for k in sorted(set(a) & set(b)) if a[k] != b[k] and (k[0], k[2]) not in failed]
     return diff[:limit]
 
 
@@ -420,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("flwr").setLevel(logging.WARNING)  # the replay's round log is the run's again
         differences = model_differences(soak.folder, replay(soak.folder, root / "replay", threads=1))
     os.environ.pop(stamps.ENV, None)
-    messages = message_differences(root / "stamps-server.jsonl", root / "stamps-replay.jsonl")
+    messages = message_differences(root / "stamps-server.jsonl", root / "stamps-replay.jsonl", missed)
     processes = rss_growth(soak.rss, args.rss_from, 20, args.rss_span)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
