@@ -355,6 +355,31 @@ def figure(path: Path, seen: dict[int, float], faults: list[Fault], processes: l
     plt.close(fig)
 
 
+def recheck(kept: Path, out: Path) -> int:
+    """The replay of a kept soak run again, with this code (a fix of the replay): ``summary.json``'s
+    ``model-equals-simulation``, ``model-differences`` and ``message-differences`` rewritten, the
+    earlier values kept under ``before-recheck`` with the date."""
+    summary = json.loads((out / "summary.json").read_text())
+    folder = kept / "results" / "soak"
+    _, rows = read_results(folder / "results.jsonl")
+    os.environ[stamps.ENV] = str(kept / "stamps-recheck.jsonl")
+    (kept / "stamps-recheck.jsonl").unlink(missing_ok=True)
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    differences = model_differences(folder, replay(folder, kept / "recheck", threads=1))
+    os.environ.pop(stamps.ENV, None)
+    keys = ("model-equals-simulation", "model-differences", "message-differences")
+    before = {k: summary.get(k) for k in keys}
+    summary.update({"model-equals-simulation": differences == {}, "model-differences": differences,
+                    "message-differences": message_differences(kept / "stamps-server.jsonl",
+                                                               kept / "stamps-recheck.jsonl", missed_rounds(rows))})
+    summary.setdefault("rechecks", []).append({"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "before": before,
+                                               "command": " ".join(["benchmarks/soak.py", "--recheck", str(kept.name),
+                                                                    "--out", str(out)])})
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps({k: summary[k] for k in ("model-equals-simulation", "model-differences")}))
+    return 0 if differences == {} else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="benchmarks/soak.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=200)
@@ -369,7 +394,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rss-span", type=int, default=50)
     p.add_argument("--out", default=str(ROOT / "docs" / "figures" / "soak"))
     p.add_argument("--keep", help="keep the soak's files (logs, results) in this folder")
+    p.add_argument("--recheck", metavar="KEPT", help="no soak: replay the run kept in KEPT (a --keep folder) again "
+                   "and rewrite --out's summary.json's replay fields (model and message differences)")
     args = p.parse_args(argv)
+    if args.recheck:
+        return recheck(Path(args.recheck), Path(args.out))
     kinds = tuple(k for k in args.kinds.split(",") if k)
     bad = [k for k in kinds if k not in KINDS]
     if bad or not kinds:

@@ -89,17 +89,30 @@ class LoopbackGrid(Grid):
 
 class FaultyGrid(LoopbackGrid):
     """Loopback grid where partition p fails in the rounds ``failures[p]``: its train reply is
-    an error (a crashed ClientApp) or, with ``silent``, never comes (a dead or hung host)."""
+    an error (a crashed ClientApp) or, with ``silent``, never comes (a dead or hung host); and,
+    in the rounds ``offline[p]``, its node is not online when the round starts (not asked)."""
 
-    def __init__(self, *args, failures: dict[int, set[int]], silent: bool = False, **kwargs) -> None:
+    def __init__(self, *args, failures: dict[int, set[int]], silent: bool = False,
+                 offline: dict[int, set[int]] | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.failures = failures
         self.silent = silent
+        self.offline = offline or {}  # partition p's node is not online when the rounds offline[p] start
+        self._round = 0  # the last round whose train messages were pushed
+
+    def get_node_ids(self) -> Iterable[int]:
+        """The nodes online for the next round: a node offline when a round starts is not asked at
+        all (the server then expects one client fewer: its uniform weights are 1/expected)."""
+        upcoming = self._round + 1
+        return [n for n in super().get_node_ids()
+                if upcoming not in self.offline.get(self.nodes[n].get("partition-id"), ())]
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
         for msg in messages:
             self.sent.append(msg)
+            if msg.metadata.message_type == "train":
+                self._round = max(self._round, int(msg.content["config"]["server-round"]))
             pid = self.nodes[msg.metadata.dst_node_id].get("partition-id")
             if msg.metadata.message_type == "train" and \
                     int(msg.content["config"]["server-round"]) in self.failures.get(pid, ()):

@@ -4,7 +4,8 @@ A deployed run's rows say which clients missed which round (``failed-nodes``: pa
 whatever the cause -- a host that was offline, hung, killed, cut off, or a reply that came too
 late or not at all). ``replay`` runs the real ServerApp and ClientApp again on the in-process grid
 (``simulations.loopback.FaultyGrid``) with exactly those clients failing in exactly those
-rounds, from the run's own config (its results header). For tasks whose clients keep no state
+rounds (a client whose node was offline when a round started is not asked in it, as deployed),
+from the run's own config (its results header). For tasks whose clients keep no state
 between rounds (digits, CIFAR-10) a client's minibatches are a function of (seed, partition,
 round) and replies are averaged in partition order, so the replay ends with the deployed model
 bit for bit -- at the deployed ClientApps' torch thread count (``threads``; a CPU kernel splits
@@ -40,6 +41,23 @@ def missed_rounds(rows: Iterable[Mapping[str, Any]]) -> dict[int, set[int]]:
     return out
 
 
+#: how a round's row names a client whose node was not online when the round started (server.faults)
+OFFLINE = "offline (not online when the round started)"
+
+
+def offline_rounds(rows: Iterable[Mapping[str, Any]]) -> dict[int, set[int]]:
+    """{partition id: the rounds its node was not online when they started} from the rows'
+    ``failures``: such a client was never asked, unlike one that was asked and failed, and the
+    server's uniform weights (1/clients asked) differ between the two in the last bit."""
+    out: dict[int, set[int]] = {}
+    for row in rows:
+        for line in row.get("failures") or []:
+            head, _, reason = str(line).partition(": ")
+            if reason == OFFLINE and head.startswith("partition ") and head[10:].isdigit():
+                out.setdefault(int(head[10:]), set()).add(int(row["round"]))
+    return out
+
+
 def row_accounting(rows: Iterable[Mapping[str, Any]], last_round: int) -> dict[str, Any]:
     """Rounds 0..``last_round`` each exactly once? ``rows-lost`` (missing rounds), ``rows-duplicated``
     (rows beyond the first of a round), with the rounds named."""
@@ -68,7 +86,8 @@ def replay(folder: str | Path, out: str | Path, *, threads: int = 1) -> Path:
     values = {**RunConfig().to_mapping(), **header["config"], **_REPLAY_KEYS, "num-rounds": max(last, 1),
               "results-dir": str(Path(out).resolve()), "run-name": "replay"}
     cfg = RunConfig.from_mapping(values)
-    grid = FaultyGrid(client_app, values, cfg.with_clients(None).num_clients, failures=missed_rounds(rows))
+    grid = FaultyGrid(client_app, values, cfg.with_clients(None).num_clients, failures=missed_rounds(rows),
+                      offline=offline_rounds(rows))
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

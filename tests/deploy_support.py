@@ -25,11 +25,12 @@ DEPLOY_CONFIG = {"num-clients": 2, "num-rounds": 2, "local-steps": 2, "batch-siz
 needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
 
 
-def reference_run(folder: Path, failures: dict[int, set[int]] | None = None, **overrides) -> Path:
+def reference_run(folder: Path, failures: dict[int, set[int]] | None = None,
+                  offline: dict[int, set[int]] | None = None, **overrides) -> Path:
     """The in-process run of DEPLOY_CONFIG (+ overrides); its results folder."""
     values = {**RunConfig().to_mapping(), **DEPLOY_CONFIG, "results-dir": str(folder), "run-name": "reference",
               **overrides}
-    grid = FaultyGrid(client_app, values, values["num-clients"], failures=failures or {})
+    grid = FaultyGrid(client_app, values, values["num-clients"], failures=failures or {}, offline=offline)
     run_server_app(server_app, grid)
     return folder / "reference"
 

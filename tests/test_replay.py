@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from deploy_support import DEPLOY_CONFIG, reference_run
 
-from simulations.replay import missed_rounds, model_differences, replay, row_accounting
+from simulations.replay import missed_rounds, model_differences, offline_rounds, replay, row_accounting
 from tasks.runs.results import read_results
 
 CASE = {**DEPLOY_CONFIG, "num-clients": 3, "num-rounds": 4, "min-replies": 1, "checkpoint-every": 1}
@@ -42,3 +42,17 @@ def test_a_faulty_resumed_run_replays_to_its_model_bit_for_bit(tmp_path):
     # the check can fail: the same run without its failures is another model
     clean = reference_run(tmp_path / "clean", **CASE)
     assert model_differences(folder, clean)
+
+
+def test_a_client_offline_when_a_round_starts_is_replayed_as_not_asked(tmp_path):
+    """Found by the soak: a client whose node is offline when a round starts is never asked, so the
+    server's uniform weights are 1/2, renormalised over 2 replies; a client asked that fails leaves
+    weights of 1/3 renormalised over the same 2: the same replies average to other bits. The rows
+    tell the two apart, and the replay asks exactly whom the run asked."""
+    offline = reference_run(tmp_path / "offline", offline={1: {2}}, **{**CASE, "checkpoint-every": 0})
+    failed = reference_run(tmp_path / "failed", failures={1: {2}}, **{**CASE, "checkpoint-every": 0})
+    _, rows = read_results(offline / "results.jsonl")
+    assert rows[2]["failures"] == ["partition 1: offline (not online when the round started)"]
+    assert offline_rounds(rows) == {1: {2}} and missed_rounds(rows) == {1: {2}}
+    assert model_differences(offline, failed)  # the mechanism: the same replies, other weights, other bits
+    assert model_differences(offline, replay(offline, tmp_path / "replay")) == {}
